@@ -1,0 +1,249 @@
+"""Wire messages: everything that travels on a topic.
+
+Every message is a msgspec Struct derived from :class:`Message`. The rules of
+schema evolution (msgspec ``docs/schema-evolution.rst``) hold for all of them:
+
+* a new field always gets a default, so old producers stay valid;
+* a field never changes its type;
+* unknown fields are skipped, so old consumers read new messages.
+
+Limits live in the types (``Annotated[..., Meta(...)]``) so a decoder rejects a
+bad value with a message naming the field, before any service logic runs.
+Size limits that depend on configuration (texts per request, characters per
+text) are checked by admission, which knows the endpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = [
+    "AdmittedRequest",
+    "Batch",
+    "BatchTiming",
+    "DeadLetter",
+    "EmbedInput",
+    "Input",
+    "LaneState",
+    "Message",
+    "OrgId",
+    "RequestId",
+    "RerankInput",
+    "Request",
+    "Result",
+    "SchedulerState",
+    "Status",
+    "TERMINAL_STATUSES",
+    "WorkerEvent",
+]
+
+#: Identifiers are short printable tokens: they end up in keys, logs and
+#: (for orgs, when allow-listed) metric labels.
+RequestId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")]
+OrgId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")]
+EndpointName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")]
+TopicName = Annotated[str, Meta(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._\-]+$")]
+Priority = Annotated[int, Meta(ge=0, le=100)]
+#: Epoch milliseconds. Bounded so that arithmetic on them never overflows a
+#: float's exact integer range and a nonsense year is an error.
+EpochMs = Annotated[int, Meta(ge=0, le=10**14)]
+DurationMs = Annotated[int, Meta(ge=1, le=86_400_000)]
+
+
+class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Base of every wire message: keyword-only, defaults left off the wire."""
+
+
+class EmbedInput(Message, kw_only=True, tag="embed"):
+    """Texts to embed; one vector per text comes back, in order."""
+
+    texts: Annotated[list[str], Meta(min_length=1)]
+
+
+class RerankInput(Message, kw_only=True, tag="rerank"):
+    """A query and the documents to score against it; one score per document."""
+
+    query: str
+    documents: Annotated[list[str], Meta(min_length=1)]
+    top_n: Annotated[int, Meta(ge=1)] | None = None
+
+
+Input = EmbedInput | RerankInput
+
+
+class Request(Message, kw_only=True):
+    """What an upstream service sends to the ingress topic.
+
+    ``deadline_ms`` counts from ``created_ms`` (the sender's clock) or, when
+    that is absent, from the Kafka record's timestamp. ``reply_to`` must lie
+    under the allowed reply prefix; without it the result goes to the shared
+    results topic.
+
+    ``tier`` and ``weight`` exist only so that a request claiming them can be
+    refused with a clear error: both come from the tenant registry alone.
+    """
+
+    id: RequestId
+    org: OrgId
+    endpoint: EndpointName
+    input: Input
+    priority: Priority = 0
+    deadline_ms: DurationMs | None = None
+    created_ms: EpochMs | None = None
+    reply_to: TopicName | None = None
+    tier: str | None = None
+    weight: float | None = None
+
+
+class AdmittedRequest(Message, kw_only=True):
+    """A request that passed admission, on ``requests.<tier>`` keyed by org.
+
+    Everything the scheduler and the worker need is resolved here, once:
+    the tier from the registry, the token count from the endpoint's
+    tokenizer, the absolute deadline, and the reply topic.
+    """
+
+    id: RequestId
+    org: OrgId
+    endpoint: EndpointName
+    tier: str
+    input: Input
+    tokens: Annotated[int, Meta(ge=1)]
+    priority: Priority = 0
+    deadline_at_ms: EpochMs | None = None
+    created_ms: EpochMs
+    admitted_ms: EpochMs
+    reply_to: TopicName
+    #: ``json`` or ``msgpack``: results go back in the encoding the request came in.
+    reply_format: Literal["json", "msgpack"] = "json"
+
+
+class Batch(Message, kw_only=True):
+    """Requests the scheduler chose, in its order, for one worker slot.
+
+    ``requests`` keeps the order of selection: a worker that publishes
+    results per micro-batch serves the first-chosen requests first.
+    """
+
+    id: str
+    endpoint: EndpointName
+    requests: list[AdmittedRequest]
+    tokens: int
+    created_ms: EpochMs
+    #: The worker whose free slot this batch fills (its member id).
+    worker: str = ""
+    #: Leadership epoch of the scheduler that emitted it (failover fencing).
+    epoch: int = 0
+
+
+Status = Literal["ok", "rejected", "expired", "invalid", "failed"]
+TERMINAL_STATUSES: tuple[str, ...] = ("ok", "rejected", "expired", "invalid", "failed")
+
+
+class Result(Message, kw_only=True):
+    """The one terminal answer to a request.
+
+    ``reason`` is a stable machine-readable code (``rate_limited``,
+    ``throttled``, ``overloaded``, ``deadline_passed``, ``decode_error``...),
+    ``message`` says the same to a person. For ``ok`` embed results
+    ``embeddings`` holds one vector per text; for rerank, ``scores`` holds one
+    score per document in the order sent and ``ranking`` the document indices
+    best first (cut to ``top_n``). ``truncated`` flags inputs longer than the
+    model's maximum length, which the model cut.
+    """
+
+    id: str
+    status: Status
+    org: str = ""
+    endpoint: str = ""
+    reason: str | None = None
+    message: str | None = None
+    retry_after_ms: int | None = None
+    embeddings: list[list[float]] | None = None
+    scores: list[float] | None = None
+    ranking: list[int] | None = None
+    #: ``cross-encoder`` or ``cosine``: how rerank scores were computed.
+    method: str | None = None
+    model: str | None = None
+    truncated: list[bool] | None = None
+    tokens: int | None = None
+    batch_id: str | None = None
+    worker: str | None = None
+    created_ms: int | None = None
+    #: When the request entered the scheduler and when it left it.
+    admitted_ms: int | None = None
+    dispatched_ms: int | None = None
+    completed_ms: int | None = None
+    inference_ms: float | None = None
+
+
+class BatchTiming(Message, kw_only=True):
+    """Measured cost of one served request, fed back into the adaptive cost."""
+
+    org: str
+    tokens: int
+    seconds: float
+
+
+class WorkerEvent(Message, kw_only=True):
+    """A worker's announcement: who it is, what it owns and how much room it has.
+
+    Sent on start (``hello``), after each batch (``batch_done``), on a timer
+    (``heartbeat``) and on shutdown (``bye``). The scheduler treats the
+    latest event of a worker as the truth about its free slots; a worker
+    silent for longer than the configured timeout loses its slots.
+    """
+
+    worker: str
+    endpoint: EndpointName
+    kind: Literal["hello", "heartbeat", "batch_done", "bye"]
+    partitions: list[int]
+    slots: Annotated[int, Meta(ge=0, le=1024)]
+    free_slots: Annotated[int, Meta(ge=0, le=1024)]
+    sent_ms: EpochMs
+    #: Batches the worker still has in hand (taken but not yet finished).
+    in_flight: list[str] = []
+    batch_id: str | None = None
+    batch_requests: int = 0
+    batch_tokens: int = 0
+    inference_ms: float = 0.0
+    timings: list[BatchTiming] = []
+
+
+class LaneState(Message, kw_only=True):
+    """What the throttle needs to predict a new request's wait on one endpoint."""
+
+    endpoint: str
+    held_requests: int
+    #: Held cost per tier, in the lane's cost units (tokens for ``tokens``).
+    held_cost_by_tier: dict[str, float]
+    held_tokens_by_tier: dict[str, int]
+    #: Measured service rate, tokens per second, over all workers (0 = unknown).
+    tokens_per_s: float
+    free_slots: int
+    workers: int
+
+
+class SchedulerState(Message, kw_only=True):
+    """Backlog snapshot the scheduler publishes for admission's throttle."""
+
+    sent_ms: EpochMs
+    lanes: dict[str, LaneState]
+    held_requests: int
+    epoch: int = 0
+
+
+class DeadLetter(Message, kw_only=True):
+    """A message no service could use, kept with the reason instead of lost."""
+
+    source_topic: str
+    partition: int
+    offset: int
+    reason: str
+    error: str
+    payload: bytes
+    key: bytes | None = None
+    seen_ms: int = 0
