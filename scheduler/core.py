@@ -1,0 +1,123 @@
+"""The scheduler core: one lane per endpoint, behind one small facade.
+
+Pure: no I/O, no clock of its own (every call takes ``now``), no logging.
+It returns decisions as values; the Kafka service, the simulator and the
+tests turn them into sends, commits, logs and metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Literal
+
+from schemas.config import Config
+
+from scheduler.entry import Entry
+from scheduler.lane import Dispatch, FifoLane, Lane, LaneStats
+
+__all__ = ["Policy", "Scheduler"]
+
+Policy = Literal["drr", "fifo"]
+
+
+class Scheduler:
+    """Holds admitted requests and decides, on demand, the next batch per endpoint.
+
+    A request id is held at most once: pushing an id already held is refused
+    (a replayed record after a crash or a rebalance), so it can leave only once.
+    """
+
+    def __init__(self, config: Config, policy: Policy = "drr"):
+        self.policy = policy
+        self.config = config
+        self.lanes: dict[str, Lane | FifoLane] = {
+            name: self._make_lane(name) for name in config.endpoints
+        }
+        self._held_ids: set[str] = set()
+
+    def _weight(self, org: str) -> float:
+        o = self.config.orgs.get(org)
+        return o.weight if o is not None else 1.0
+
+    def _make_lane(self, endpoint: str, ep=None) -> Lane | FifoLane:
+        ep = ep or self.config.endpoints[endpoint]
+        if self.policy == "fifo":
+            return FifoLane(ep, self.config.tiers)
+        return Lane(ep, self.config.tiers, self._weight)
+
+    @property
+    def held(self) -> int:
+        return len(self._held_ids)
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self._held_ids
+
+    def push(self, endpoint: str, e: Entry) -> bool:
+        """Hold ``e`` on ``endpoint``'s lane; False if its id is already held.
+
+        Raises KeyError for an endpoint the configuration does not know.
+        """
+        lane = self.lanes[endpoint]
+        if e.id in self._held_ids:
+            return False
+        self._held_ids.add(e.id)
+        lane.push(e)
+        return True
+
+    def next_batch(self, endpoint: str, now: float) -> Dispatch:
+        """Expire what is due on ``endpoint``, then take its next batch (maybe empty)."""
+        d = self.lanes[endpoint].next_batch(now)
+        self._forget(d.batch)
+        self._forget(d.expired)
+        return d
+
+    def expire(self, now: float) -> list[Entry]:
+        """Expire what is due on every lane."""
+        out: list[Entry] = []
+        for lane in self.lanes.values():
+            out.extend(lane.expire(now))
+        self._forget(out)
+        return out
+
+    def next_deadline(self) -> float | None:
+        ds = [d for lane in self.lanes.values() if (d := lane.next_deadline()) is not None]
+        return min(ds) if ds else None
+
+    def feedback(self, endpoint: str, samples: Iterable[tuple[str, int, float]]) -> None:
+        """Measured ``(org, tokens, seconds)`` of served requests, for the adaptive cost."""
+        self.lanes[endpoint].feedback(samples)
+
+    def stats(self) -> dict[str, LaneStats]:
+        return {name: lane.stats() for name, lane in self.lanes.items()}
+
+    def reconfigure(self, config: Config) -> None:
+        """Apply a new registry without dropping a held request.
+
+        Weights, quanta and budgets change in place. If the tiers changed,
+        or an endpoint was added, lanes are rebuilt and every held request
+        is pushed again in its original arrival order, keeping its sequence.
+        A removed endpoint keeps its lane until it drains.
+        """
+        old = self.config
+        self.config = config
+        if old.tiers != config.tiers:
+            held = [(name, e) for name, lane in self.lanes.items() for e in lane.drain()]
+            eps = old.endpoints | config.endpoints  # a removed endpoint keeps its settings
+            busy = {name for name, _ in held}
+            self.lanes = {
+                name: self._make_lane(name, ep)
+                for name, ep in eps.items()
+                if name in config.endpoints or name in busy
+            }
+            for name, e in sorted(held, key=lambda p: p[1].seq):
+                self.lanes[name].push(e)
+            return
+        for name, ep in config.endpoints.items():
+            if name in self.lanes:
+                self.lanes[name].reconfigure(ep)
+            else:
+                self.lanes[name] = self._make_lane(name)
+
+    def _forget(self, entries: list[Entry]) -> None:
+        ids = self._held_ids
+        for e in entries:
+            ids.discard(e.id)

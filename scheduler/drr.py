@@ -1,0 +1,140 @@
+"""Deficit Round Robin across the orgs of one tier, with a priority heap per org.
+
+The ring holds the orgs that have work. The org at the head has the turn: on
+taking it, its deficit grows by ``quantum x weight``; it is served while its
+deficit covers the cost of its first request; when it does not, the turn
+passes (the org moves to the back, keeping its deficit). An org whose queue
+empties leaves the ring and its deficit drops to zero: no banked credit.
+
+Because configuration guarantees ``quantum x weight >= largest request
+cost``, a fresh turn always covers the first request, so a selection looks
+at most at two orgs: O(1) in the number of orgs. Inside an org, requests wait
+in a binary heap ordered by (priority desc, deadline asc, arrival asc):
+O(log n) in that org's queue.
+
+Expired requests are removed lazily: the lane marks them, the org's live
+count drops at once (and with it the deficit when it reaches zero), and the
+heap discards them when they surface.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from heapq import heappop, heappush
+from typing import Callable
+
+from scheduler.entry import HELD, Entry
+
+__all__ = ["DrrTier", "OrgQueue"]
+
+
+class OrgQueue:
+    """One org's queue in one tier.
+
+    ``weight`` may be changed by a reconfiguration (it applies from the
+    org's next turn); everything else is the ring's to change.
+    """
+
+    __slots__ = ("org", "weight", "heap", "live", "deficit", "in_turn", "in_ring")
+
+    def __init__(self, org: str, weight: float):
+        self.org = org
+        self.weight = weight
+        self.heap: list[tuple[int, float, int, Entry]] = []
+        self.live = 0
+        self.deficit = 0.0
+        self.in_turn = False
+        self.in_ring = False
+
+    def top(self) -> Entry | None:
+        heap = self.heap
+        while heap:
+            e = heap[0][3]
+            if e.state == HELD:
+                return e
+            heappop(heap)
+        return None
+
+
+class DrrTier:
+    """The DRR ring of one tier of one endpoint lane."""
+
+    __slots__ = ("quantum", "weight_of", "ring", "orgs", "live", "rounds")
+
+    def __init__(self, quantum: float, weight_of: Callable[[str], float]):
+        self.quantum = quantum
+        self.weight_of = weight_of
+        self.ring: deque[OrgQueue] = deque()
+        self.orgs: dict[str, OrgQueue] = {}
+        self.live = 0
+        #: Turns granted so far (a "DRR round" per org visit), for metrics.
+        self.rounds = 0
+
+    def push(self, e: Entry) -> None:
+        q = self.orgs.get(e.org)
+        if q is None:
+            q = self.orgs[e.org] = OrgQueue(e.org, self.weight_of(e.org))
+        heappush(q.heap, (-e.priority, e.deadline, e.seq, e))
+        q.live += 1
+        self.live += 1
+        if not q.in_ring:
+            q.in_ring = True
+            q.deficit = 0.0
+            q.in_turn = False
+            self.ring.append(q)
+
+    def peek(self, cost: Callable[[Entry], float]) -> tuple[OrgQueue, Entry, float] | None:
+        """The next request by DRR, without removing it.
+
+        Granting a turn's quantum is a side effect, done once per turn, so
+        peeking again (a batch closed on this request) changes nothing.
+        """
+        ring = self.ring
+        while ring:
+            q = ring[0]
+            e = q.top()
+            if e is None:
+                self._leave(q)
+                continue
+            if not q.in_turn:
+                q.in_turn = True
+                q.deficit += self.quantum * q.weight
+                self.rounds += 1
+            c = cost(e)
+            if c <= q.deficit:
+                return q, e, c
+            q.in_turn = False
+            ring.rotate(-1)
+        return None
+
+    def take(self, q: OrgQueue, e: Entry, c: float) -> None:
+        """Remove ``e`` (just returned by :meth:`peek`) and charge its cost."""
+        heappop(q.heap)
+        q.deficit -= c
+        q.live -= 1
+        self.live -= 1
+        if q.live == 0:
+            self._leave(q)
+
+    def discard(self, e: Entry) -> None:
+        """Account for ``e`` having expired; its heap slot is dropped lazily."""
+        q = self.orgs[e.org]
+        q.live -= 1
+        self.live -= 1
+        if q.live == 0:
+            q.deficit = 0.0
+            q.in_turn = False
+
+    def _leave(self, q: OrgQueue) -> None:
+        # Only ever called for the ring's head.
+        self.ring.popleft()
+        q.in_ring = False
+        q.in_turn = False
+        q.deficit = 0.0
+        if q.live == 0:
+            q.heap.clear()
+            del self.orgs[q.org]
+
+    def reweigh(self) -> None:
+        for q in self.orgs.values():
+            q.weight = self.weight_of(q.org)

@@ -1,0 +1,44 @@
+"""The scheduler's record of one held request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Entry", "HELD", "DISPATCHED", "EXPIRED", "NO_DEADLINE"]
+
+HELD, DISPATCHED, EXPIRED = 0, 1, 2
+#: Sort key of a request without a deadline: after every real deadline.
+NO_DEADLINE = float("inf")
+
+
+class Entry:
+    """One held request: what the core needs to order, cost and batch it.
+
+    Fixed at creation: everything but ``state``. ``state`` is changed by the
+    core alone (held -> dispatched or expired, exactly once). ``payload`` is
+    opaque to the core: the service keeps its :class:`AdmittedRequest` there,
+    the simulator its trace record.
+
+    ``deadline`` and ``arrival`` are on the caller's clock, the same clock as
+    every ``now`` passed to the core (seconds).
+    """
+
+    __slots__ = ("id", "org", "tier", "tokens", "priority", "deadline", "arrival", "seq",
+                 "payload", "state")
+
+    def __init__(self, id: str, org: str, tier: str, tokens: int, *, priority: int = 0,
+                 deadline: float | None = None, arrival: float = 0.0, payload: Any = None):
+        self.id = id
+        self.org = org
+        self.tier = tier
+        self.tokens = tokens
+        self.priority = priority
+        self.deadline = NO_DEADLINE if deadline is None else deadline
+        self.arrival = arrival
+        self.seq = 0  # set by the lane: arrival order, the final tie-breaker
+        self.payload = payload
+        self.state = HELD
+
+    def __repr__(self) -> str:
+        return (f"Entry({self.id!r}, org={self.org!r}, tier={self.tier!r}, tokens={self.tokens}, "
+                f"priority={self.priority}, deadline={self.deadline})")
