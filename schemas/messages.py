@@ -225,6 +225,12 @@ class LaneState(Message, kw_only=True):
     tokens_per_s: float
     free_slots: int
     workers: int
+    #: Orgs with work waiting, per tier: a new request of a quiet org waits
+    #: for about its own backlog times this many turns, not the whole tier.
+    active_orgs_by_tier: dict[str, int] = {}
+    #: Held tokens of the orgs holding the most (bounded to the top few);
+    #: an org not listed holds less than the smallest value listed.
+    org_held_tokens: dict[str, int] = {}
 
 
 class SchedulerState(Message, kw_only=True):
