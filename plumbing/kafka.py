@@ -1,0 +1,370 @@
+"""Kafka client settings and the one place aiokafka clients are built.
+
+Every service talks to Kafka through clients made here, so security, latency
+tuning and the delivery defaults the design relies on (``acks="all"``, manual
+commits, reading from the earliest offset) are decided once. The defaults were
+measured against the embedded Tansu broker with aiokafka 0.14 (see the shared
+BROKER notes) and are also sound for Apache Kafka.
+
+Settings come from, in rising precedence: the defaults below, ``SF_*``
+environment variables (:func:`settings_from_env`), and command-line flags
+(:func:`add_kafka_arguments`, :func:`settings_from_args`). ``bootstrap=None``
+means "no cluster given": :func:`kafka_endpoint` then starts an embedded
+broker for the duration of a ``with`` block.
+
+Not offered, on purpose: idempotent or transactional producers. Tansu rejects
+aiokafka's ``InitProducerId`` request at producer start, so the pipeline is
+at-least-once with idempotent results; pass ``enable_idempotence=True`` as an
+override only against a real Kafka cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from typing import Annotated, Any, Literal
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.helpers import create_ssl_context
+
+from plumbing.broker import EmbeddedBroker
+
+__all__ = [
+    "KafkaSettings",
+    "add_kafka_arguments",
+    "kafka_endpoint",
+    "make_admin",
+    "make_consumer",
+    "make_producer",
+    "settings_from_args",
+    "settings_from_env",
+]
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"]
+PositiveMs = Annotated[int, msgspec.Meta(ge=1)]
+Bytes = Annotated[int, msgspec.Meta(ge=1024)]
+
+_MiB = 1024 * 1024
+# Written in place of a bootstrap address to ask for the embedded broker, so a
+# flag can override an SF_BOOTSTRAP inherited from the environment.
+EMBEDDED = "embedded"
+
+
+class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How every client of one process reaches and talks to Kafka.
+
+    Fixed once built (frozen) and shared by all clients of a process; derive a
+    variant with ``msgspec.structs.replace``. Unknown fields are an error so a
+    misspelt setting in a file cannot silently fall back to a default.
+    """
+
+    # Where the cluster is. None starts an embedded Tansu broker (tests, demo,
+    # local use); production always names its cluster.
+    bootstrap: str | None = None
+
+    # Security. Mirrors aiokafka's names so operators can map a Kafka client
+    # config onto ours without guessing. SASL/PLAIN and SCRAM use the username
+    # and password; GSSAPI and OAUTHBEARER need extra client arguments
+    # (sasl_kerberos_service_name, sasl_oauth_token_provider) passed as
+    # overrides to the factories.
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism = "PLAIN"
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    # PEM files. The CA file verifies the brokers (the system store is used
+    # when it is absent); cert and key authenticate us for mutual TLS; the
+    # password unlocks an encrypted key.
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: str | None = None
+
+    # Shows up in broker logs and quotas: lets an operator tell our services
+    # apart from other tenants of a shared cluster.
+    client_id: str = "serving-fairness"
+
+    # "all": a write is acknowledged only once every in-sync replica has it.
+    # The design promises no request is ever lost; acks=1 (aiokafka's
+    # default) loses acknowledged records when a leader fails over.
+    acks: Literal[0, 1, "all"] = "all"
+    # Producer waits this long to fill a batch. 5 ms took produce->consume
+    # p50 from ~75-110 ms to ~15 ms together with fetch_max_wait_ms below,
+    # while still batching under load (0 sends one request per message).
+    linger_ms: Annotated[int, msgspec.Meta(ge=0)] = 5
+    # Per-partition batch ceiling. 4 KB messages need 256 KB-1 MB batches: the
+    # 16 KB default gave 5k msg/s instead of 17-22k on Tansu.
+    max_batch_size: Bytes = 1 * _MiB
+    # Largest produce request. Batches of many long texts exceed the 1 MB
+    # default; 10 MB worked on Tansu. A real cluster must raise
+    # message.max.bytes (broker/topic) to match, or it rejects such records.
+    max_request_size: Bytes = 10 * _MiB
+    # How long the broker may hold a fetch with no data. Tansu sleeps this long
+    # before answering, so it bounds consume latency: 10 ms instead of the
+    # 500 ms default. 1 ms made the consumer fall behind at 2000 msg/s.
+    fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 10
+    # Group membership. 6 s is the lowest session Apache Kafka accepts by
+    # default (group.min.session.timeout.ms) and halves Tansu's group join,
+    # which it holds for session_timeout_ms / 2 (5 s at aiokafka's 10 s). A
+    # dead worker's partitions move after about this long. Tests on Tansu use
+    # 2 s; a real cluster rejects values below its minimum.
+    session_timeout_ms: PositiveMs = 6000
+    # A third of the session or less, as Kafka recommends, so one late
+    # heartbeat never expires a live member.
+    heartbeat_interval_ms: PositiveMs = 1500
+
+    def __post_init__(self) -> None:
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol.endswith("SSL")
+        if not sasl and (self.sasl_plain_username or self.sasl_plain_password):
+            raise ValueError(
+                f"SASL credentials given but security_protocol={self.security_protocol}; "
+                "use SASL_SSL or SASL_PLAINTEXT, or drop the credentials"
+            )
+        needs_password = self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+        if sasl and needs_password and not (self.sasl_plain_username and self.sasl_plain_password):
+            raise ValueError(f"SASL {self.sasl_mechanism} needs a username and a password")
+        tls_files = (self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile, self.ssl_password)
+        if not tls and any(tls_files):
+            raise ValueError(
+                f"TLS files given but security_protocol={self.security_protocol}; "
+                "use SSL or SASL_SSL, or drop the files"
+            )
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
+
+    def __repr__(self) -> str:
+        # Settings end up in logs and tracebacks; secrets must not.
+        shown = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if name in ("sasl_plain_password", "ssl_password") and value is not None:
+                value = "***"
+            shown.append(f"{name}={value!r}")
+        return f"KafkaSettings({', '.join(shown)})"
+
+    def require_bootstrap(self) -> str:
+        """The cluster address, or a clear error when none was resolved yet."""
+        if self.bootstrap is None:
+            raise ValueError(
+                "KafkaSettings.bootstrap is None: resolve it first with "
+                "`async with kafka_endpoint(settings) as bootstrap`"
+            )
+        return self.bootstrap
+
+
+# -- clients -------------------------------------------------------------------
+
+
+def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
+    """A producer with our delivery and latency defaults; call inside a coroutine."""
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": settings.require_bootstrap(),
+        "client_id": settings.client_id,
+        "acks": settings.acks,
+        "linger_ms": settings.linger_ms,
+        "max_batch_size": settings.max_batch_size,
+        "max_request_size": settings.max_request_size,
+        **_security_kwargs(settings),
+    }
+    return AIOKafkaProducer(**(kwargs | overrides))
+
+
+def make_consumer(
+    settings: KafkaSettings, *topics: str, group_id: str | None = None, **overrides: Any
+) -> AIOKafkaConsumer:
+    """A consumer that commits only when told to and starts from the earliest offset.
+
+    Manual commits because every service holds work in memory: an offset is
+    committed once its records are done, so a crash replays instead of losing.
+    ``earliest`` because a new group must see records written before it
+    joined (and Tansu gets ``latest`` wrong anyway).
+    """
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": settings.require_bootstrap(),
+        "client_id": settings.client_id,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+        "session_timeout_ms": settings.session_timeout_ms,
+        "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+        **_security_kwargs(settings),
+    }
+    return AIOKafkaConsumer(*topics, **(kwargs | overrides))
+
+
+def make_admin(settings: KafkaSettings, **overrides: Any) -> AIOKafkaAdminClient:
+    """An admin client (topic management); call inside a coroutine."""
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": settings.require_bootstrap(),
+        "client_id": settings.client_id,
+        **_security_kwargs(settings),
+    }
+    return AIOKafkaAdminClient(**(kwargs | overrides))
+
+
+def _security_kwargs(settings: KafkaSettings) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"security_protocol": settings.security_protocol}
+    if settings.security_protocol.endswith("SSL"):
+        kwargs["ssl_context"] = _ssl_context(settings)
+    if settings.security_protocol.startswith("SASL_"):
+        kwargs["sasl_mechanism"] = settings.sasl_mechanism
+        kwargs["sasl_plain_username"] = settings.sasl_plain_username
+        kwargs["sasl_plain_password"] = settings.sasl_plain_password
+    return kwargs
+
+
+def _ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
+    if settings.ssl_cafile is None:
+        # aiokafka's helper starts from an empty trust store; without a CA
+        # file the operating system's store is what verifies the brokers.
+        context = ssl.create_default_context()
+        if settings.ssl_certfile:
+            context.load_cert_chain(
+                settings.ssl_certfile, settings.ssl_keyfile, settings.ssl_password
+            )
+        return context
+    return create_ssl_context(
+        cafile=settings.ssl_cafile,
+        certfile=settings.ssl_certfile,
+        keyfile=settings.ssl_keyfile,
+        password=settings.ssl_password,
+    )
+
+
+@contextlib.asynccontextmanager
+async def kafka_endpoint(settings: KafkaSettings) -> AsyncIterator[str]:
+    """Yield a bootstrap address: the configured one, or an embedded broker's.
+
+    The embedded broker lives exactly as long as the block; use
+    ``msgspec.structs.replace(settings, bootstrap=bootstrap)`` inside it.
+    """
+    if settings.bootstrap is not None:
+        yield settings.bootstrap
+        return
+    if settings.security_protocol != "PLAINTEXT":
+        raise ValueError(
+            f"the embedded broker speaks PLAINTEXT only, not {settings.security_protocol}; "
+            "give --bootstrap to use a secured cluster"
+        )
+    async with EmbeddedBroker() as broker:
+        yield broker.bootstrap
+
+
+# -- environment and command line -------------------------------------------
+
+
+class _Option(msgspec.Struct, frozen=True):
+    field: str
+    flag: str
+    env: str
+    help: str
+    secret: bool = False
+
+
+# Connection options use the short names operators expect; tuning options
+# carry a --kafka- prefix so they never collide with a service's own flags
+# (the scheduler has batch sizes of its own).
+_OPTIONS = (
+    _Option("bootstrap", "--bootstrap", "SF_BOOTSTRAP",
+            f"Kafka bootstrap servers host:port[,...]; '{EMBEDDED}' or unset starts "
+            "an embedded broker"),
+    _Option("security_protocol", "--security-protocol", "SF_SECURITY_PROTOCOL",
+            "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"),
+    _Option("sasl_mechanism", "--sasl-mechanism", "SF_SASL_MECHANISM",
+            "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, GSSAPI or OAUTHBEARER"),
+    _Option("sasl_plain_username", "--sasl-username", "SF_SASL_USERNAME", "SASL username"),
+    _Option("sasl_plain_password", "--sasl-password", "SF_SASL_PASSWORD",
+            "SASL password (prefer the environment variable: flags show in `ps`)", True),
+    _Option("ssl_cafile", "--ssl-cafile", "SF_SSL_CAFILE",
+            "PEM CA bundle that verifies the brokers (default: system store)"),
+    _Option("ssl_certfile", "--ssl-certfile", "SF_SSL_CERTFILE",
+            "PEM client certificate, for mutual TLS"),
+    _Option("ssl_keyfile", "--ssl-keyfile", "SF_SSL_KEYFILE", "PEM client private key"),
+    _Option("ssl_password", "--ssl-password", "SF_SSL_PASSWORD",
+            "password of an encrypted client key (prefer the environment variable)", True),
+    _Option("client_id", "--kafka-client-id", "SF_KAFKA_CLIENT_ID",
+            "client id shown in broker logs and quotas"),
+    _Option("acks", "--kafka-acks", "SF_KAFKA_ACKS", "producer acks: 0, 1 or all"),
+    _Option("linger_ms", "--kafka-linger-ms", "SF_KAFKA_LINGER_MS",
+            "producer batching delay (ms)"),
+    _Option("max_batch_size", "--kafka-max-batch-size", "SF_KAFKA_MAX_BATCH_SIZE",
+            "producer batch size per partition (bytes)"),
+    _Option("max_request_size", "--kafka-max-request-size", "SF_KAFKA_MAX_REQUEST_SIZE",
+            "largest produce request (bytes)"),
+    _Option("fetch_max_wait_ms", "--kafka-fetch-max-wait-ms", "SF_KAFKA_FETCH_MAX_WAIT_MS",
+            "longest a fetch waits for data (ms); bounds consume latency"),
+    _Option("session_timeout_ms", "--kafka-session-timeout-ms", "SF_KAFKA_SESSION_TIMEOUT_MS",
+            "consumer group session (ms); a dead member is noticed after it"),
+    _Option("heartbeat_interval_ms", "--kafka-heartbeat-interval-ms",
+            "SF_KAFKA_HEARTBEAT_INTERVAL_MS", "consumer heartbeat interval (ms)"),
+)  # fmt: skip
+
+
+def settings_from_env(
+    env: Mapping[str, str] | None = None, *, base: KafkaSettings | None = None
+) -> KafkaSettings:
+    """Settings from ``SF_*`` variables over ``base`` (default: the defaults).
+
+    Empty variables count as unset. Raises ``msgspec.ValidationError`` naming
+    the field for a malformed value.
+    """
+    env = os.environ if env is None else env
+    values = {o.field: env[o.env] for o in _OPTIONS if env.get(o.env, "") != ""}
+    return _merge(base or KafkaSettings(), values)
+
+
+def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the Kafka flags (one group) to a subcommand's parser.
+
+    Every flag defaults to "not given" so that :func:`settings_from_args` can
+    layer flags over the environment. Help texts name the variable.
+    """
+    group = parser.add_argument_group("Kafka", "flags override the SF_* environment")
+    for o in _OPTIONS:
+        shown = "***" if o.secret else None
+        group.add_argument(
+            o.flag,
+            dest=f"kafka_{o.field}",
+            default=None,
+            metavar=shown or o.field.split("_")[-1].upper(),
+            help=f"{o.help} [env {o.env}]",
+        )
+
+
+def settings_from_args(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> KafkaSettings:
+    """Settings from parsed flags over the environment over the defaults."""
+    base = settings_from_env(env)
+    values = {
+        o.field: value
+        for o in _OPTIONS
+        if (value := getattr(args, f"kafka_{o.field}", None)) is not None
+    }
+    return _merge(base, values)
+
+
+def _merge(base: KafkaSettings, values: Mapping[str, str]) -> KafkaSettings:
+    merged: dict[str, Any] = msgspec.structs.asdict(base)
+    for name, raw in values.items():
+        merged[name] = _parse(name, raw)
+    # strict=False turns "5" into 5 and checks every constraint, so a bad
+    # value fails here with the field's name instead of deep inside aiokafka.
+    return msgspec.convert(merged, KafkaSettings, strict=False)
+
+
+def _parse(name: str, raw: str) -> Any:
+    if name == "bootstrap":
+        raw = raw.strip()
+        return None if raw.lower() in ("", EMBEDDED) else raw
+    if name == "acks":
+        raw = raw.strip()
+        return int(raw) if raw in ("0", "1") else raw
+    return raw
