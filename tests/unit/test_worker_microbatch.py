@@ -1,0 +1,140 @@
+"""The micro-batch planner: a partition of the batch, within budget, with little padding."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.microbatch import padded_tokens, plan_microbatches
+
+plans = st.fixed_dictionaries(
+    {
+        "lengths": st.lists(st.integers(min_value=0, max_value=600), max_size=120),
+        "max_padded_tokens": st.integers(min_value=1, max_value=4096),
+        "max_size": st.integers(min_value=1, max_value=64),
+        "max_seq_length": st.none() | st.integers(min_value=1, max_value=512),
+    }
+)
+orders = st.one_of(
+    st.just({"order": "sorted"}),
+    st.builds(
+        lambda window: {"order": "given", "window": window},
+        st.none() | st.integers(min_value=1, max_value=50),
+    ),
+)
+
+
+def _cost(length: int, max_seq_length: int | None) -> int:
+    return length if max_seq_length is None else min(length, max_seq_length)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan=plans, order=orders)
+def test_every_index_once_and_budgets_hold(plan, order):
+    """Each index is in exactly one micro-batch; size and padded cost stay within limits."""
+    groups = plan_microbatches(**plan, **order)
+    lengths, limit = plan["lengths"], plan["max_seq_length"]
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert 1 <= len(g) <= plan["max_size"]
+        costs = [_cost(lengths[i], limit) for i in g]
+        # A lone text over budget cannot be split, so it is the one exception.
+        assert len(g) * max(costs) <= plan["max_padded_tokens"] or len(g) == 1
+        assert costs == sorted(costs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan=plans)
+def test_sorted_runs_shortest_micro_batches_first(plan):
+    """order='sorted' runs micro-batches in non-decreasing order of their longest text."""
+    groups = plan_microbatches(**plan, order="sorted")
+    limit = plan["max_seq_length"]
+    widest = [max(_cost(plan["lengths"][i], limit) for i in g) for g in groups]
+    assert widest == sorted(widest)
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan=plans, window=st.integers(min_value=1, max_value=50))
+def test_given_order_never_runs_a_later_window_first(plan, window):
+    """order='given': a request of window k is in no later micro-batch than any of window k+1."""
+    groups = plan_microbatches(**plan, order="given", window=window)
+    position = {i: n for n, g in enumerate(groups) for i in g}
+    n = len(plan["lengths"])
+    for i in range(n):
+        for j in range(i + 1, n):
+            if i // window < j // window:
+                assert position[i] <= position[j]
+
+
+def test_window_one_without_budget_is_fixed_size_consecutive_batches():
+    """order='given', window=1 and no token limit reproduce plain fixed-size batches."""
+    lengths = [5, 90, 3, 40, 7, 8, 200]
+    groups = plan_microbatches(
+        lengths, max_padded_tokens=10**9, max_size=3, order="given", window=1
+    )
+    assert [sorted(g) for g in groups] == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_sorting_pads_far_less_than_unsorted_fixed_batches():
+    """On mixed lengths (8..256), sorted and windowed plans pad much less than batches of 32."""
+    rng = random.Random(7)
+    lengths = [rng.randint(8, 256) for _ in range(512)]
+    fixed = [list(range(i, min(i + 32, len(lengths)))) for i in range(0, len(lengths), 32)]
+    budget = 32 * 256
+    by_length = plan_microbatches(lengths, max_padded_tokens=budget, max_size=64)
+    windowed = plan_microbatches(lengths, max_padded_tokens=budget, max_size=64, order="given")
+    wide = plan_microbatches(
+        lengths, max_padded_tokens=budget, max_size=64, order="given", window=128
+    )
+    real = sum(lengths)
+    assert padded_tokens(fixed, lengths) > 1.7 * real
+    assert padded_tokens(by_length, lengths) < 1.15 * real
+    # Windows trade padding for order: wider windows pad less, none beats a full sort.
+    assert padded_tokens(windowed, lengths) < 0.85 * padded_tokens(fixed, lengths)
+    assert padded_tokens(wide, lengths) < 0.7 * padded_tokens(fixed, lengths)
+    assert padded_tokens(by_length, lengths) <= padded_tokens(wide, lengths)
+
+
+def test_costs_are_capped_at_max_seq_length():
+    """A text longer than the model reads costs max_seq_length, as the model truncates it."""
+    groups = plan_microbatches([1000, 1000], max_padded_tokens=512, max_size=8, max_seq_length=256)
+    assert groups == [[0, 1]]
+    assert padded_tokens(groups, [1000, 1000], max_seq_length=256) == 512
+    assert padded_tokens(groups, [1000, 1000]) == 2000
+
+
+def test_lone_text_over_budget_gets_its_own_micro_batch():
+    """A text over the whole budget is planned alone rather than dropped or merged."""
+    assert plan_microbatches([10, 900, 12], max_padded_tokens=100, max_size=8) == [[0, 2], [1]]
+
+
+def test_empty_batch_plans_nothing():
+    """No lengths, no micro-batches."""
+    assert plan_microbatches([], max_padded_tokens=1, max_size=1) == []
+    assert plan_microbatches([], max_padded_tokens=1, max_size=1, order="given") == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_padded_tokens": 0, "max_size": 1},
+        {"max_padded_tokens": 1, "max_size": 0},
+        {"max_padded_tokens": 1, "max_size": 1, "order": "random"},
+        {"max_padded_tokens": 1, "max_size": 1, "order": "given", "window": 0},
+        {"max_padded_tokens": 1, "max_size": 1, "window": 4},
+        {"max_padded_tokens": 1, "max_size": 1, "max_seq_length": 0},
+    ],
+)
+def test_bad_arguments_are_refused(kwargs):
+    """Limits below 1, an unknown order, or a window with order='sorted' raise ValueError."""
+    with pytest.raises(ValueError):
+        plan_microbatches([3, 4], **kwargs)
+
+
+def test_negative_length_is_refused():
+    """A negative token length is a caller bug, not a cost."""
+    with pytest.raises(ValueError):
+        plan_microbatches([3, -1], max_padded_tokens=10, max_size=2)
