@@ -1,0 +1,188 @@
+"""Fake models: deterministic, torch-free stand-ins for tests and simulations.
+
+Importing torch and sentence-transformers takes ~9 s on the CI machine; the
+scheduler, admission and worker-service tests need a model that answers in
+microseconds yet behaves like one where it matters:
+
+- tokens are whitespace-separated words (no special tokens), truncated at
+  ``max_seq_length``, and a longer text is reported as truncated;
+- a text's vector is the normalized sum of per-word vectors drawn from a hash
+  of the lower-cased word, so the same text always gives the same vector on
+  any machine, and documents sharing words with a query score higher with
+  :class:`FakeReranker`;
+- service time is simulated as ``ms_per_batch + ms_per_token * padded tokens``
+  (batch size times its longest text), the shape of a real encoder's cost, so
+  length-sorted micro-batching pays off with the fake as it does on a GPU.
+  ``sleep`` is injectable: pass a fake clock's advance to keep tests instant.
+
+Spec strings: ``"fake"`` or ``"fake:dim=32,ms_per_token=0.05"`` (keys: ``dim``,
+``max_seq_length``, ``ms_per_token``, ``ms_per_batch``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from worker.interface import CosineReranker, Embedder, EncodeOutput, flag_truncated
+
+__all__ = [
+    "FAKE_MAX_SEQ_LENGTH",
+    "FAKE_SPEC",
+    "FakeEmbedder",
+    "FakeReranker",
+    "is_fake_spec",
+    "parse_fake_spec",
+    "whitespace_token_count",
+]
+
+FAKE_SPEC = "fake"
+FAKE_MAX_SEQ_LENGTH = 256
+
+_SPEC_KEYS: dict[str, type] = {
+    "dim": int,
+    "max_seq_length": int,
+    "ms_per_token": float,
+    "ms_per_batch": float,
+}
+
+
+def is_fake_spec(spec: str) -> bool:
+    """True for ``"fake"`` and ``"fake:..."``."""
+    return spec == FAKE_SPEC or spec.startswith(FAKE_SPEC + ":")
+
+
+def parse_fake_spec(spec: str) -> dict[str, int | float]:
+    """Keyword arguments for the fake models from ``"fake:key=value,..."``.
+
+    Unknown keys and bad values raise ValueError: a typo in a config must not
+    silently fall back to a default.
+    """
+    if not is_fake_spec(spec):
+        raise ValueError(f"not a fake model spec: {spec!r}")
+    options: dict[str, int | float] = {}
+    _, _, rest = spec.partition(":")
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _SPEC_KEYS:
+            raise ValueError(
+                f"bad fake spec option {item!r} in {spec!r}; keys: {', '.join(_SPEC_KEYS)}"
+            )
+        try:
+            options[key] = _SPEC_KEYS[key](value.strip())
+        except ValueError:
+            raise ValueError(f"bad value for {key} in {spec!r}: {value!r}") from None
+    return options
+
+
+def whitespace_token_count(text: str) -> int:
+    """Tokens of ``text`` for the fake models: whitespace-separated words."""
+    return len(text.split())
+
+
+@lru_cache(maxsize=1 << 16)
+def _word_vector(word: str, dim: int) -> np.ndarray:
+    seed = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+    vector = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    vector.flags.writeable = False
+    return vector
+
+
+class FakeEmbedder(Embedder):
+    """Bag-of-hashed-words embeddings with a simulated service time."""
+
+    def __init__(
+        self,
+        *,
+        dim: int = 32,
+        max_seq_length: int = FAKE_MAX_SEQ_LENGTH,
+        ms_per_token: float = 0.0,
+        ms_per_batch: float = 0.0,
+        name: str = FAKE_SPEC,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        if dim < 1 or max_seq_length < 1:
+            raise ValueError("dim and max_seq_length must be >= 1")
+        if ms_per_token < 0 or ms_per_batch < 0:
+            raise ValueError("ms_per_token and ms_per_batch must be >= 0")
+        self._name = name
+        self._dim = dim
+        self._max_seq_length = max_seq_length
+        self.ms_per_token = ms_per_token
+        self.ms_per_batch = ms_per_batch
+        self._sleep = sleep
+        # Total service time simulated so far: what a benchmark would have waited.
+        self.simulated_seconds = 0.0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dimension(self) -> int:
+        return self._dim
+
+    @property
+    def max_seq_length(self) -> int:
+        return self._max_seq_length
+
+    def token_lengths(self, texts: Sequence[str]) -> list[int]:
+        return [whitespace_token_count(text) for text in texts]
+
+    def service_seconds(self, lengths: Sequence[int]) -> float:
+        """Simulated time of one call on texts of these token lengths."""
+        if not lengths:
+            return 0.0
+        longest = min(max(lengths), self._max_seq_length)
+        return (self.ms_per_batch + self.ms_per_token * len(lengths) * longest) / 1000.0
+
+    def _vector(self, text: str) -> np.ndarray:
+        words = text.lower().split()[: self._max_seq_length]
+        vector = np.zeros(self._dim, dtype=np.float32)
+        for word in words:
+            vector += _word_vector(word, self._dim)
+        norm = float(np.linalg.norm(vector))
+        return vector / norm if norm > 0 else vector
+
+    def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None) -> EncodeOutput:
+        if lengths is None:
+            lengths = self.token_lengths(texts)
+        delay = self.service_seconds(lengths)
+        if delay > 0:
+            self.simulated_seconds += delay
+            self._sleep(delay)
+        vectors = np.zeros((len(texts), self._dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            vectors[row] = self._vector(text)
+        return EncodeOutput(vectors, flag_truncated(lengths, self._max_seq_length))
+
+
+class FakeReranker(CosineReranker):
+    """Cosine reranker over a :class:`FakeEmbedder`: shared words score higher."""
+
+    def __init__(
+        self,
+        *,
+        dim: int = 32,
+        max_seq_length: int = FAKE_MAX_SEQ_LENGTH,
+        ms_per_token: float = 0.0,
+        ms_per_batch: float = 0.0,
+        name: str = FAKE_SPEC,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        super().__init__(
+            FakeEmbedder(
+                dim=dim,
+                max_seq_length=max_seq_length,
+                ms_per_token=ms_per_token,
+                ms_per_batch=ms_per_batch,
+                name=name,
+                sleep=sleep,
+            ),
+            name=name,
+        )

