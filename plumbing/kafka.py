@@ -30,7 +30,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.group import LeaveGroupRequest
 
 from plumbing.broker import EmbeddedBroker
 
@@ -43,6 +45,7 @@ __all__ = [
     "make_producer",
     "settings_from_args",
     "settings_from_env",
+    "stop_consumer",
 ]
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -197,6 +200,25 @@ def make_consumer(
         **_security_kwargs(settings),
     }
     return AIOKafkaConsumer(*topics, **(kwargs | overrides))
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Stop a consumer so that its group rebalances at once, on Tansu too.
+
+    Tansu numbers a group's first generation 0 and aiokafka sends LeaveGroup
+    only from generation 1 on, so a member stopping in the first generation
+    looked dead: the next member waited out the session (about 4 s instead
+    of 1 s at a 2 s session). Leave explicitly in that case, then stop.
+    Apache Kafka starts at generation 1, where this adds nothing.
+    """
+    # Private attributes of aiokafka 0.14, read defensively: if they move,
+    # this degrades to a plain stop().
+    coordinator = getattr(consumer, "_coordinator", None)
+    member_id = getattr(coordinator, "member_id", None)
+    if coordinator is not None and getattr(coordinator, "generation", None) == 0 and member_id:
+        with contextlib.suppress(KafkaError, AttributeError, OSError):
+            await coordinator._send_req(LeaveGroupRequest(coordinator.group_id, member_id))
+    await consumer.stop()
 
 
 def make_admin(settings: KafkaSettings, **overrides: Any) -> AIOKafkaAdminClient:
