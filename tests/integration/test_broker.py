@@ -1,0 +1,186 @@
+"""The shared Kafka plumbing against a real (embedded Tansu) broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import time
+
+import msgspec
+import pytest
+from aiokafka.structs import TopicPartition
+
+from plumbing.broker import BrokerStartError, EmbeddedBroker
+from plumbing.kafka import (
+    KafkaSettings,
+    add_kafka_arguments,
+    kafka_endpoint,
+    make_consumer,
+    make_producer,
+    settings_from_args,
+    stop_consumer,
+)
+from plumbing.topics import TopicError, describe_topics, ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+async def _consume(consumer, n: int, timeout_s: float = 10.0) -> list:
+    records: list = []
+    async with asyncio.timeout(timeout_s):
+        while len(records) < n:
+            batches = await consumer.getmany(timeout_ms=200, max_records=n - len(records))
+            for batch in batches.values():
+                records.extend(batch)
+    return records
+
+
+def test_broker_starts_and_stops() -> None:
+    """A started broker accepts connections; after stop its process, port and temp log are gone."""
+    with EmbeddedBroker() as b:
+        pid, port, log = b.pid, b.port, b.log_path
+        assert b.running and b.bootstrap == f"127.0.0.1:{port}"
+        assert not _refused(port)
+        assert log is not None and log.exists()
+    assert not b.running
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert _refused(port)
+    assert not log.exists()
+
+
+def test_start_failure_names_cause() -> None:
+    """A broker that cannot bind its port fails fast with Tansu's own error in the message."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        broker = EmbeddedBroker(port=taken.getsockname()[1], start_timeout_s=5)
+        with pytest.raises(BrokerStartError, match="AddrInUse"):
+            broker.start()
+    assert not broker.running
+
+
+async def test_ensure_topics_is_idempotent(kafka_settings: KafkaSettings, topic_prefix: str) -> None:
+    """ensure_topics creates each topic with its partitions, repeats harmlessly, refuses fewer."""
+    specs = {f"{topic_prefix}a": 3, f"{topic_prefix}b": 1}
+    assert await ensure_topics(kafka_settings, specs) == specs
+    # Asking for fewer than exist is satisfied by what exists.
+    again = await ensure_topics(kafka_settings, {**specs, f"{topic_prefix}b": 1, f"{topic_prefix}a": 2})
+    assert again == specs
+    assert await describe_topics(kafka_settings, topic_prefix) == specs
+    with pytest.raises(TopicError, match=f"{topic_prefix}a"):
+        await ensure_topics(kafka_settings, {f"{topic_prefix}a": 5})
+
+
+async def test_keyed_message_with_headers_round_trips(
+    kafka_settings: KafkaSettings, topic_prefix: str
+) -> None:
+    """Key, value and headers come back unchanged, on the partition the producer chose by key."""
+    topic = f"{topic_prefix}rt"
+    await ensure_topics(kafka_settings, {topic: 3})
+    sent = {}
+    producer = make_producer(kafka_settings)
+    await producer.start()
+    try:
+        for i, org in enumerate(["org-a", "org-b", "org-c", "org-a"]):
+            meta = await producer.send_and_wait(
+                topic,
+                f"payload-{i}".encode(),
+                key=org.encode(),
+                headers=[("content-type", b"application/msgpack"), ("n", str(i).encode())],
+            )
+            sent[f"payload-{i}".encode()] = (org.encode(), meta.partition, meta.offset)
+    finally:
+        await producer.stop()
+    consumer = make_consumer(kafka_settings, topic)
+    await consumer.start()
+    try:
+        records = await _consume(consumer, len(sent))
+    finally:
+        await consumer.stop()
+    for r in records:
+        key, partition, offset = sent[r.value]
+        assert (r.key, r.partition, r.offset) == (key, partition, offset)
+        assert dict(r.headers)["content-type"] == b"application/msgpack"
+    assert len({r.partition for r in records if r.key == b"org-a"}) == 1
+
+
+async def test_restart_loses_topics_and_ensure_recreates() -> None:
+    """After restart() on the same port the topics are gone and ensure_topics brings them back."""
+    async with EmbeddedBroker() as b:
+        settings = KafkaSettings(bootstrap=b.bootstrap)
+        await ensure_topics(settings, {"r.one": 2})
+        port = b.port
+        await b.arestart()
+        assert b.port == port and b.running
+        assert await describe_topics(settings, "r.") == {}
+        assert await ensure_topics(settings, {"r.one": 2}) == {"r.one": 2}
+        producer = make_producer(settings)
+        await producer.start()
+        try:
+            meta = await producer.send_and_wait("r.one", b"after-restart", partition=1)
+        finally:
+            await producer.stop()
+        assert (meta.partition, meta.offset) == (1, 0)
+
+
+async def test_group_commit_survives_consumer_restart(
+    kafka_settings: KafkaSettings, topic_prefix: str
+) -> None:
+    """A new member resumes at the committed offset, and promptly: the first one left the group."""
+    topic, group = f"{topic_prefix}g", f"{topic_prefix}group"
+    tp = TopicPartition(topic, 0)
+    await ensure_topics(kafka_settings, {topic: 1})
+    producer = make_producer(kafka_settings)
+    await producer.start()
+    try:
+        for i in range(10):
+            await producer.send(topic, str(i).encode(), key=b"k")
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+    first = make_consumer(kafka_settings, topic, group_id=group)
+    await first.start()
+    try:
+        done = (await _consume(first, 10))[:6]
+        assert [r.value for r in done] == [str(i).encode() for i in range(6)]
+        await first.commit({tp: done[-1].offset + 1})
+    finally:
+        await stop_consumer(first)
+
+    second = make_consumer(kafka_settings, topic, group_id=group)
+    joined = time.monotonic()
+    await second.start()
+    try:
+        rest = await _consume(second, 4)
+        # Without a LeaveGroup (stop_consumer) the join waits out the first
+        # member's 2 s session plus Tansu's 1 s hold: ~4 s instead of ~1 s.
+        assert time.monotonic() - joined < 3.0
+        assert await second.committed(tp) == 6
+    finally:
+        await stop_consumer(second)
+    assert [r.value for r in rest] == [str(i).encode() for i in range(6, 10)]
+
+
+async def test_flags_override_env_and_embedded_endpoint_works() -> None:
+    """--bootstrap embedded beats SF_BOOTSTRAP, and kafka_endpoint then serves a working broker."""
+    parser = argparse.ArgumentParser()
+    add_kafka_arguments(parser)
+    args = parser.parse_args(["--bootstrap", "embedded", "--kafka-linger-ms", "2"])
+    env = {"SF_BOOTSTRAP": "kafka.invalid:9092", "SF_KAFKA_LINGER_MS": "9", "SF_KAFKA_ACKS": "1"}
+    settings = settings_from_args(args, env)
+    assert (settings.bootstrap, settings.linger_ms, settings.acks) == (None, 2, 1)
+    async with kafka_endpoint(settings) as bootstrap:
+        live = msgspec.structs.replace(settings, bootstrap=bootstrap)
+        assert await ensure_topics(live, {"e.t": 1}) == {"e.t": 1}
