@@ -1,0 +1,287 @@
+"""Flow control: which worker has a free slot, and which partition reaches it.
+
+The scheduler decides fairness as late as possible: it emits a batch only
+into a free worker slot. This module is the registry of those slots, built
+from the workers' :class:`~schemas.messages.WorkerEvent` announcements. Pure:
+no Kafka, no clock of its own (every call that needs time takes ``now_ms``,
+epoch milliseconds, the clock of the events' ``sent_ms``).
+
+What a worker's slots are
+-------------------------
+
+A worker announces its ``slots`` (batches it will hold at once), the
+partitions of ``batches.<endpoint>`` it owns, and the batch ids it has in
+hand. The scheduler counts as *outstanding* every batch it sent to the
+worker and has not seen reported done, plus whatever the worker says it
+holds. ``free = slots - outstanding``. A batch counts the moment it is
+claimed and sent, not when the worker confirms it, so an event in flight can
+never cause over-sending.
+
+Keeping the count honest
+------------------------
+
+Three things could make a slot leak, and each is handled:
+
+* **Done elsewhere.** After a rebalance another worker may serve a batch
+  sent to a partition that moved. A ``batch_done`` frees the batch wherever
+  it is outstanding, whoever reports it.
+* **Never fetched.** A batch sent to a partition its worker lost before
+  fetching it is never in that worker's hands. A batch outstanding for more
+  than ``worker_timeout_ms`` that the worker's latest event (sent after the
+  batch) does not list in hand is forgotten (:meth:`FlowControl.expire`
+  reports it). A slow batch keeps its slot: the worker lists it in every
+  heartbeat.
+* **Silent worker.** A worker silent for ``worker_timeout_ms`` (by the
+  ``sent_ms`` of its latest event) is lost with its outstanding batches;
+  they stay on their partition in Kafka and whoever owns it next serves
+  them. ``bye`` removes a worker at once.
+
+Partition ownership follows the newest announcement: a partition two workers
+list (during a rebalance) is addressed only through the one whose event is
+newer, so it is never reached through two workers; a partition its owner
+stops listing is free until someone announces it again.
+Events older than ``worker_timeout_ms`` are ignored, so a restarted
+scheduler reading old events is not misled by dead workers.
+
+Choice of worker: the one with the most free slots (ties: the one sent to
+least recently), then its partitions in turn, so batches spread over every
+partition a worker owns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from schemas.messages import WorkerEvent
+
+__all__ = ["Claim", "FlowControl", "LostWorker", "Observed", "WorkerSlots"]
+
+
+@dataclass
+class WorkerSlots:
+    """What the scheduler believes about one worker.
+
+    Fixed at creation: ``worker``, ``endpoint``. Everything else is updated
+    by :class:`FlowControl` alone, from events and sends.
+    """
+
+    worker: str
+    endpoint: str
+    slots: int = 0
+    partitions: list[int] = field(default_factory=list)
+    #: batch id -> when it became outstanding (ms): sent by us or seen in hand.
+    outstanding: dict[str, float] = field(default_factory=dict)
+    #: ``sent_ms`` of the newest event (clamped to the receiver's clock).
+    last_seen_ms: float = 0.0
+    #: Batch ids the worker's newest event listed in hand.
+    in_hand: frozenset[str] = frozenset()
+    #: Round-robin position in ``partitions``.
+    next_partition: int = 0
+    #: When we last sent it a batch (ms), for spreading ties.
+    last_sent_ms: float = 0.0
+
+    @property
+    def free(self) -> int:
+        return max(0, self.slots - len(self.outstanding))
+
+
+class Claim(NamedTuple):
+    """Where the next batch of an endpoint goes."""
+
+    worker: str
+    partition: int
+
+
+class LostWorker(NamedTuple):
+    """A worker that timed out or said bye, and the batches it no longer counts."""
+
+    worker: str
+    endpoint: str
+    forgotten: list[str]
+    reason: str  # "timeout" | "bye"
+
+
+class Observed(NamedTuple):
+    """What one event changed, for the service to log and measure."""
+
+    accepted: bool
+    joined: bool = False
+    lost: LostWorker | None = None
+    #: The batch this event reported done, if it was outstanding anywhere.
+    done_batch: str | None = None
+
+
+class FlowControl:
+    """The worker-slot registry of every endpoint."""
+
+    def __init__(self, worker_timeout_ms: float):
+        self.worker_timeout_ms = worker_timeout_ms
+        self.workers: dict[str, WorkerSlots] = {}
+        self._by_endpoint: dict[str, dict[str, WorkerSlots]] = {}
+        #: batch id -> worker it is outstanding on.
+        self._batch_owner: dict[str, str] = {}
+        #: (endpoint, partition) -> (worker, when it announced it): newest wins.
+        self._owner: dict[tuple[str, int], tuple[str, float]] = {}
+
+    # -- events ----------------------------------------------------------------
+
+    def observe(self, ev: WorkerEvent, now_ms: float) -> Observed:
+        """Apply one worker event; stale events (older than the timeout) are ignored."""
+        if ev.sent_ms < now_ms - self.worker_timeout_ms:
+            return Observed(accepted=False)
+        done = self._done_batch(ev.batch_id) if ev.kind == "batch_done" and ev.batch_id else None
+        if ev.kind == "bye":
+            w = self.workers.get(ev.worker)
+            lost = self._remove(w, "bye") if w is not None else None
+            return Observed(accepted=True, lost=lost, done_batch=done)
+        w = self.workers.get(ev.worker)
+        joined = w is None
+        if w is None:
+            w = WorkerSlots(ev.worker, ev.endpoint)
+            self.workers[ev.worker] = w
+            self._by_endpoint.setdefault(ev.endpoint, {})[ev.worker] = w
+        seen = min(float(ev.sent_ms), now_ms)
+        if seen < w.last_seen_ms:
+            return Observed(accepted=False, done_batch=done)  # reordered: keep the newer truth
+        w.last_seen_ms = seen
+        w.slots = ev.slots
+        w.in_hand = frozenset(ev.in_flight)
+        for batch_id in ev.in_flight:
+            if batch_id not in w.outstanding:
+                self._add(w, batch_id, seen)
+        self._set_partitions(w, ev.partitions, seen)
+        return Observed(accepted=True, joined=joined, done_batch=done)
+
+    def _set_partitions(self, w: WorkerSlots, partitions: list[int], seen: float) -> None:
+        parts = sorted(set(partitions))
+        ep = w.endpoint
+        for p in w.partitions:
+            if p not in parts and self._owner.get((ep, p), ("",))[0] == w.worker:
+                del self._owner[(ep, p)]
+        for p in parts:
+            holder = self._owner.get((ep, p))
+            if holder is None or holder[0] == w.worker or holder[1] <= seen:
+                self._owner[(ep, p)] = (w.worker, seen)
+        if parts != w.partitions:
+            w.partitions = parts
+            w.next_partition = 0
+
+    def owned(self, w: WorkerSlots) -> list[int]:
+        """The partitions ``w`` announced that no newer announcement took from it."""
+        ep = w.endpoint
+        return [p for p in w.partitions if self._owner.get((ep, p), ("",))[0] == w.worker]
+
+    # -- sending ---------------------------------------------------------------
+
+    def free_workers(self, endpoint: str) -> list[WorkerSlots]:
+        """Workers of ``endpoint`` that own a partition and have a free slot."""
+        return [w for w in self._by_endpoint.get(endpoint, {}).values()
+                if w.free > 0 and self.owned(w)]
+
+    def free_slots(self, endpoint: str) -> int:
+        return sum(w.free for w in self.free_workers(endpoint))
+
+    def claim(self, endpoint: str) -> Claim | None:
+        """The worker and partition for ``endpoint``'s next batch, or None if none is free.
+
+        Choosing has no effect until :meth:`sent` confirms a batch went there,
+        except that the worker's partition turn advances.
+        """
+        best: WorkerSlots | None = None
+        best_parts: list[int] = []
+        for w in self._by_endpoint.get(endpoint, {}).values():
+            if w.free <= 0 or (best is not None and
+                               (w.free, -w.last_sent_ms) <= (best.free, -best.last_sent_ms)):
+                continue
+            parts = self.owned(w)
+            if parts:
+                best, best_parts = w, parts
+        if best is None:
+            return None
+        i = best.next_partition % len(best_parts)
+        best.next_partition = i + 1
+        return Claim(best.worker, best_parts[i])
+
+    def sent(self, worker: str, batch_id: str, now_ms: float) -> None:
+        """Count ``batch_id`` outstanding on ``worker`` from now on."""
+        w = self.workers.get(worker)
+        if w is None:
+            return
+        w.last_sent_ms = now_ms
+        self._add(w, batch_id, now_ms)
+
+    def done(self, batch_id: str) -> str | None:
+        """Free ``batch_id``'s slot wherever it is outstanding; returns that worker."""
+        return self._done_batch(batch_id)
+
+    # -- time ------------------------------------------------------------------
+
+    def expire(self, now_ms: float) -> list[LostWorker]:
+        """Drop silent workers, and batches no worker holds past the timeout.
+
+        A lost worker is reported with reason ``timeout``; forgotten batches
+        of live workers are reported under a :class:`LostWorker` with reason
+        ``unconfirmed`` (the worker stays).
+        """
+        out: list[LostWorker] = []
+        cutoff = now_ms - self.worker_timeout_ms
+        for w in list(self.workers.values()):
+            if w.last_seen_ms < cutoff:
+                out.append(self._remove(w, "timeout"))
+                continue
+            stale = [b for b, since in w.outstanding.items()
+                     if since < cutoff and b not in w.in_hand and w.last_seen_ms > since]
+            for b in stale:
+                self._forget(w, b)
+            if stale:
+                out.append(LostWorker(w.worker, w.endpoint, stale, "unconfirmed"))
+        return out
+
+    def next_expiry_ms(self) -> float | None:
+        """When :meth:`expire` may next have something to do."""
+        times = [w.last_seen_ms for w in self.workers.values()]
+        times += [s for w in self.workers.values() for s in w.outstanding.values()]
+        return min(times) + self.worker_timeout_ms if times else None
+
+    # -- views -----------------------------------------------------------------
+
+    def endpoint_workers(self, endpoint: str) -> list[WorkerSlots]:
+        return list(self._by_endpoint.get(endpoint, {}).values())
+
+    def outstanding(self, batch_id: str) -> str | None:
+        return self._batch_owner.get(batch_id)
+
+    # -- internals -------------------------------------------------------------
+
+    def _add(self, w: WorkerSlots, batch_id: str, since: float) -> None:
+        prev = self._batch_owner.get(batch_id)
+        if prev is not None and prev != w.worker:
+            self._forget(self.workers[prev], batch_id)
+        w.outstanding[batch_id] = since
+        self._batch_owner[batch_id] = w.worker
+
+    def _forget(self, w: WorkerSlots, batch_id: str) -> None:
+        w.outstanding.pop(batch_id, None)
+        if self._batch_owner.get(batch_id) == w.worker:
+            del self._batch_owner[batch_id]
+
+    def _done_batch(self, batch_id: str | None) -> str | None:
+        owner = self._batch_owner.pop(batch_id, None) if batch_id else None
+        if owner is not None:
+            self.workers[owner].outstanding.pop(batch_id, None)
+        return owner
+
+    def _remove(self, w: WorkerSlots, reason: str) -> LostWorker:
+        forgotten = list(w.outstanding)
+        for b in forgotten:
+            self._forget(w, b)
+        for p in w.partitions:
+            if self._owner.get((w.endpoint, p), ("",))[0] == w.worker:
+                del self._owner[(w.endpoint, p)]
+        del self.workers[w.worker]
+        eps = self._by_endpoint.get(w.endpoint, {})
+        eps.pop(w.worker, None)
+        if not eps:
+            self._by_endpoint.pop(w.endpoint, None)
+        return LostWorker(w.worker, w.endpoint, forgotten, reason)
