@@ -122,8 +122,13 @@ class DrrTier:
         q.live -= 1
         self.live -= 1
         if q.live == 0:
-            q.deficit = 0.0
-            q.in_turn = False
+            if self.ring and self.ring[0] is q:
+                # It had the turn: leave now, or a push before the next peek
+                # would find it still at the head and grant it a second turn.
+                self._leave(q)
+            else:
+                q.deficit = 0.0
+                q.in_turn = False
 
     def _leave(self, q: OrgQueue) -> None:
         # Only ever called for the ring's head.
