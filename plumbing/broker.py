@@ -53,7 +53,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import IO, Self
 
 __all__ = ["BrokerStartError", "EmbeddedBroker", "resolve_tansu_binary"]
 
@@ -166,16 +166,23 @@ class EmbeddedBroker:
         self._start(_wait_ready_sync)
         return self
 
-    def stop(self) -> None:
-        """Stop Tansu (SIGTERM, SIGKILL after the grace) and remove a temp log."""
+    def stop(self, *, grace_s: float | None = None) -> None:
+        """Stop Tansu (SIGTERM, SIGKILL after the grace) and remove a temp log.
+
+        ``grace_s`` overrides ``stop_grace_s``; 0 is a crash (SIGKILL at once).
+        """
         self._terminate()
-        self._wait_exit_sync()
+        self._wait_exit_sync(grace_s)
         self._release_log()
 
-    def restart(self) -> None:
-        """Stop and start again on the same port; every topic and offset is lost."""
+    def restart(self, *, grace_s: float | None = None) -> None:
+        """Stop and start again on the same port; every topic and offset is lost.
+
+        With clients connected, Tansu outlives SIGTERM, so a restart takes the
+        whole grace; ``grace_s=0`` restarts at once, like a crash would.
+        """
         self._terminate()
-        self._wait_exit_sync()
+        self._wait_exit_sync(grace_s)
         self.start()
 
     def __enter__(self) -> Self:
@@ -196,16 +203,16 @@ class EmbeddedBroker:
         await self._astart()
         return self
 
-    async def astop(self) -> None:
+    async def astop(self, *, grace_s: float | None = None) -> None:
         """Like :meth:`stop` without blocking the event loop while waiting."""
         self._terminate()
-        await self._wait_exit_async()
+        await self._wait_exit_async(grace_s)
         self._release_log()
 
-    async def arestart(self) -> None:
+    async def arestart(self, *, grace_s: float | None = None) -> None:
         """Like :meth:`restart` without blocking the event loop while waiting."""
         self._terminate()
-        await self._wait_exit_async()
+        await self._wait_exit_async(grace_s)
         await self._astart()
 
     async def __aenter__(self) -> Self:
@@ -265,6 +272,7 @@ class EmbeddedBroker:
                 return self._started()
 
     def _spawn(self) -> None:
+        binary = self._binary or resolve_tansu_binary()
         if self._port is None:
             self._port = _free_port()
         if self._log_path is None:
@@ -273,7 +281,7 @@ class EmbeddedBroker:
             self._log_path = Path(name)
         url = f"tcp://{_HOST}:{self._port}"
         argv = [
-            self._binary or resolve_tansu_binary(),
+            binary,
             "broker",
             "--listener-url",
             url,
@@ -286,19 +294,27 @@ class EmbeddedBroker:
         env["NO_COLOR"] = "1"  # plain text in the log, for error messages
         with self._log_path.open("ab") as log:
             # The child keeps its own copy of the descriptor; ours closes here.
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                close_fds=True,
-                start_new_session=True,
-                # Runs one prctl() in the child between fork and exec; no Python
-                # locks are taken there, which is what makes preexec_fn unsafe.
-                preexec_fn=_parent_death_signal(),  # noqa: PLW1509
-            )
+            try:
+                self._proc = self._popen(argv, log, env)
+            except OSError as exc:
+                self._release_log()
+                raise BrokerStartError(f"could not run {argv[0]!r}: {exc}") from exc
         _live.add(self)
+
+    @staticmethod
+    def _popen(argv: list[str], log: IO[bytes], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            close_fds=True,
+            start_new_session=True,
+            # Runs one prctl() in the child between fork and exec; no Python
+            # locks are taken there, which is what makes preexec_fn unsafe.
+            preexec_fn=_parent_death_signal(),  # noqa: PLW1509
+        )
 
     def _terminate(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -314,19 +330,22 @@ class EmbeddedBroker:
             self._proc.wait()
         self._proc = None
 
-    def _wait_exit_sync(self) -> None:
+    def _grace(self, grace_s: float | None) -> float:
+        return self.stop_grace_s if grace_s is None else grace_s
+
+    def _wait_exit_sync(self, grace_s: float | None = None) -> None:
         if self._proc is None:
             return
         try:
-            self._proc.wait(timeout=self.stop_grace_s)
+            self._proc.wait(timeout=self._grace(grace_s))
         except subprocess.TimeoutExpired:
             pass
         self._kill_now()
 
-    async def _wait_exit_async(self) -> None:
+    async def _wait_exit_async(self, grace_s: float | None = None) -> None:
         if self._proc is None:
             return
-        deadline = time.monotonic() + self.stop_grace_s
+        deadline = time.monotonic() + self._grace(grace_s)
         while self._proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self._kill_now()
