@@ -1,0 +1,210 @@
+"""The real-time throttle and the overload check, from the scheduler's snapshots.
+
+Pure: no I/O, no clock of its own (every call takes ``now_ms``), no logging.
+
+Why a throttle
+--------------
+
+A request admitted into a backlog it cannot get through in time is worse
+than one refused at once: it takes a place in the queue, then expires
+anyway, and its sender learns that only after the deadline. So admission
+predicts the wait and refuses (``throttled``, with a retry-after) what could
+not be served in time.
+
+The prediction
+--------------
+
+The scheduler publishes a :class:`schemas.messages.SchedulerState` every
+``state_interval_ms``: per endpoint lane, the tokens held per tier, the orgs
+with work per tier, the biggest orgs' held tokens and the measured service
+rate. For a request of ``n`` tokens from org ``o`` in tier ``t``, the tokens
+that must be served before it is done are
+
+* every higher tier's held tokens (strict priority serves them first), plus
+* within ``t``, the smaller of the tier's held tokens (+ ``n``) and
+  ``(o's held tokens + n) x the tier's active orgs``: DRR gives every active
+  org a turn for each of ``o``'s, so ``o`` waits for about its own backlog
+  times the number of orgs, never for more than the whole tier.
+
+Over ``tokens_per_s``, that is the predicted time to completion. It is
+compared with the time left to the request's deadline when it has one, else
+with the endpoint's ``latency_target_ms``. A burst is throttled (its own
+backlog grows with it); a quiet org is not (its own backlog is empty). An
+org absent from ``org_held_tokens`` (which lists only the top few) is taken
+to hold nothing: the list's floor is an upper bound, and erring towards
+admission is what a quiet org needs. The retry-after is the time the backlog
+needs, at the measured rate, to shrink until the request would fit.
+
+Lower tiers' ``min_share`` is ignored: it only shortens a lower tier's wait,
+so the prediction stays an upper bound.
+
+When the snapshot cannot be trusted
+-----------------------------------
+
+* **No rate measured yet** (``tokens_per_s == 0``: no batch finished, or no
+  worker): no throttling. Refusing everything before the first batch would
+  deadlock a fresh pipeline.
+* **No snapshot, or a stale one** (``sent_ms`` older than
+  ``stale_after_ms``, say the scheduler is down or failing over): the
+  throttle is off, because a backlog that nobody reports any more must not
+  throttle forever. The **overload** check stays on: it counts the last known
+  ``held_requests`` plus every request this instance admitted since that
+  snapshot (none are being served while the scheduler is gone), so an
+  admission instance in front of a dead scheduler still stops at
+  ``max_held_requests`` instead of filling Kafka without bound. A fresh
+  snapshot resets the count.
+
+Staleness compares the scheduler's ``sent_ms`` with this host's clock, so
+hosts need synchronized clocks (deadlines already assume it); a snapshot
+stamped in the future counts as fresh.
+
+Which snapshot wins: the one with the highest leadership ``epoch``, then the
+latest ``sent_ms``; a stale snapshot loses to any other, so a scheduler that
+restarted with a lower epoch is heard again once the old leader falls silent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from schemas.config import Config
+from schemas.messages import SchedulerState
+
+__all__ = ["DEFAULT_STALE_AFTER_MS", "ThrottleState", "Verdict", "predict_wait_ms"]
+
+#: A snapshot older than this is ignored by the throttle. A few scheduler
+#: intervals (250 ms by default) plus a failover's group join.
+DEFAULT_STALE_AFTER_MS = 5_000.0
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a request is refused by the overload check or the throttle."""
+
+    reason: str  # "overloaded" or "throttled"
+    retry_after_ms: int
+    message: str
+
+
+def predict_wait_ms(
+    state: SchedulerState, config: Config, *, endpoint: str, tier: str, org: str, tokens: int
+) -> float | None:
+    """Predicted milliseconds until a new request would be served, or None if unknown.
+
+    None when the snapshot has no lane for ``endpoint`` or no measured rate.
+    """
+    lane = state.lanes.get(endpoint)
+    if lane is None or lane.tokens_per_s <= 0:
+        return None
+    names = config.tier_names
+    rank = names.index(tier) if tier in names else len(names) - 1
+    ahead = float(sum(lane.held_tokens_by_tier.get(t, 0) for t in names[:rank]))
+    tier_held = lane.held_tokens_by_tier.get(tier, 0)
+    active = max(1, lane.active_orgs_by_tier.get(tier, 0))
+    own = lane.org_held_tokens.get(org, 0)
+    ahead += min(tier_held + tokens, (own + tokens) * active)
+    return ahead / lane.tokens_per_s * 1000.0
+
+
+class ThrottleState:
+    """The latest scheduler snapshot, and what this instance admitted since.
+
+    Mutated only by the admission service's loop: :meth:`observe` for each
+    snapshot read, :meth:`note_admitted` for each request admitted.
+    """
+
+    def __init__(self, *, stale_after_ms: float = DEFAULT_STALE_AFTER_MS,
+                 overload_retry_ms: int = 1_000):
+        #: Snapshots older than this (by their ``sent_ms``) do not throttle.
+        self.stale_after_ms = stale_after_ms
+        #: retry-after of an ``overloaded`` refusal: about the time a few
+        #: snapshots take to show the backlog shrinking.
+        self.overload_retry_ms = overload_retry_ms
+        self.state: SchedulerState | None = None
+        #: Requests this instance admitted since ``state`` was taken.
+        self.admitted_since = 0
+
+    def observe(self, state: SchedulerState, now_ms: float) -> bool:
+        """Take ``state`` if it is newer than the one held; True when taken."""
+        cur = self.state
+        if (
+            cur is None
+            or not self.is_fresh(now_ms)
+            or state.epoch > cur.epoch
+            or (state.epoch == cur.epoch and state.sent_ms >= cur.sent_ms)
+        ):
+            self.state = state
+            self.admitted_since = 0
+            return True
+        return False
+
+    def note_admitted(self, count: int = 1) -> None:
+        self.admitted_since += count
+
+    def is_fresh(self, now_ms: float) -> bool:
+        return self.state is not None and now_ms - self.state.sent_ms <= self.stale_after_ms
+
+    def age_ms(self, now_ms: float) -> float | None:
+        return None if self.state is None else now_ms - self.state.sent_ms
+
+    def held_estimate(self) -> int:
+        """Requests the scheduler holds, as far as this instance can tell."""
+        known = self.state.held_requests if self.state is not None else 0
+        return known + self.admitted_since
+
+    def check_overload(self, config: Config) -> Verdict | None:
+        """``overloaded`` when the held estimate reaches ``max_held_requests``."""
+        limit = config.service.max_held_requests
+        held = self.held_estimate()
+        if held < limit:
+            return None
+        return Verdict(
+            reason="overloaded",
+            retry_after_ms=self.overload_retry_ms,
+            message=(
+                f"the scheduler holds about {held} requests, at or above "
+                f"service.max_held_requests = {limit}; retry later"
+            ),
+        )
+
+    def check_throttle(
+        self,
+        config: Config,
+        *,
+        endpoint: str,
+        tier: str,
+        org: str,
+        tokens: int,
+        now_ms: float,
+        deadline_at_ms: float | None = None,
+    ) -> Verdict | None:
+        """``throttled`` when the predicted wait exceeds the request's time budget.
+
+        The budget is the time left to ``deadline_at_ms`` when given, else the
+        endpoint's ``latency_target_ms``. No verdict without a fresh snapshot
+        or a measured rate.
+        """
+        if self.state is None or not self.is_fresh(now_ms):
+            return None
+        wait = predict_wait_ms(
+            self.state, config, endpoint=endpoint, tier=tier, org=org, tokens=tokens
+        )
+        if wait is None:
+            return None
+        if deadline_at_ms is not None:
+            budget = deadline_at_ms - now_ms
+            what = f"the request's deadline ({budget:.0f} ms from now)"
+        else:
+            budget = float(config.endpoints[endpoint].latency_target_ms)
+            what = f"endpoint {endpoint!r} latency_target_ms = {budget:.0f}"
+        if wait <= budget:
+            return None
+        return Verdict(
+            reason="throttled",
+            retry_after_ms=max(1, math.ceil(wait - budget)),
+            message=(
+                f"predicted wait of {wait:.0f} ms on endpoint {endpoint!r} (tier {tier!r}) "
+                f"exceeds {what}; retry later or with a longer deadline"
+            ),
+        )

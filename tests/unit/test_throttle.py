@@ -1,0 +1,143 @@
+"""The throttle's wait prediction and the overload check, from scheduler snapshots."""
+
+from __future__ import annotations
+
+from producer.throttle import ThrottleState, predict_wait_ms
+from schemas.messages import LaneState, SchedulerState
+from tests.admission_setup import NOW_MS, make_config
+
+CFG = make_config()  # embed: latency_target_ms = 1000; max_held_requests = 100
+
+
+def snapshot(*, sent_ms=NOW_MS, held_requests=10, epoch=0, tokens_per_s=1000.0,
+             held=None, active=None, org_held=None) -> SchedulerState:
+    lane = LaneState(
+        endpoint="embed",
+        held_requests=held_requests,
+        held_cost_by_tier={},
+        held_tokens_by_tier=held if held is not None else {"standard": 10_000},
+        tokens_per_s=tokens_per_s,
+        free_slots=0,
+        workers=1,
+        active_orgs_by_tier=active if active is not None else {"standard": 2},
+        org_held_tokens=org_held if org_held is not None else {"bulk": 9_900},
+    )
+    return SchedulerState(sent_ms=sent_ms, lanes={"embed": lane}, held_requests=held_requests,
+                          epoch=epoch)
+
+
+def throttled(ts: ThrottleState, org="bulk", tier="standard", tokens=10, now_ms=NOW_MS,
+              deadline_at_ms=None):
+    return ts.check_throttle(CFG, endpoint="embed", tier=tier, org=org, tokens=tokens,
+                             now_ms=now_ms, deadline_at_ms=deadline_at_ms)
+
+
+def fresh(state: SchedulerState) -> ThrottleState:
+    ts = ThrottleState()
+    ts.observe(state, NOW_MS)
+    return ts
+
+
+def test_bursting_org_is_throttled_with_retry_after_and_message():
+    """An org holding most of its tier's backlog waits for the whole tier: throttled."""
+    v = throttled(fresh(snapshot()))
+    assert v is not None and v.reason == "throttled"
+    # min(10000 + 10, (9900 + 10) x 2) = 10010 tokens at 1000/s = 10010 ms, budget 1000 ms.
+    assert v.retry_after_ms == 9_010
+    assert "10010 ms" in v.message and "latency_target_ms = 1000" in v.message
+
+
+def test_quiet_org_in_the_same_tier_is_not_throttled():
+    """An org with nothing held waits about (its tokens x active orgs): admitted."""
+    assert throttled(fresh(snapshot()), org="quiet") is None
+    wait = predict_wait_ms(snapshot(), CFG, endpoint="embed", tier="standard", org="quiet",
+                           tokens=10)
+    assert wait == 20.0
+
+
+def test_higher_tiers_count_and_lower_tiers_do_not():
+    """Strict priority: an enterprise request ignores the standard backlog, a free one waits for it."""
+    state = snapshot(held={"standard": 10_000, "free": 50_000}, active={"standard": 2, "free": 1},
+                     org_held={})
+    ts = fresh(state)
+    assert throttled(ts, org="acme", tier="enterprise") is None
+    v = throttled(ts, org="trial", tier="free")
+    assert v is not None and v.retry_after_ms == 10_000 + 10 - 1_000
+
+
+def test_deadline_replaces_latency_target():
+    """A request's own deadline is its budget: a long one admits, a short one throttles."""
+    ts = fresh(snapshot())
+    assert throttled(ts, deadline_at_ms=NOW_MS + 20_000) is None
+    v = throttled(ts, org="quiet", deadline_at_ms=NOW_MS + 5)
+    assert v is not None and "deadline (5 ms from now)" in v.message and v.retry_after_ms == 15
+
+
+def test_no_measured_rate_does_not_throttle():
+    """tokens_per_s = 0 (no batch served yet): never throttle."""
+    assert throttled(fresh(snapshot(tokens_per_s=0.0))) is None
+
+
+def test_no_snapshot_or_unknown_lane_does_not_throttle():
+    """Without a snapshot, or without a lane for the endpoint, nothing is throttled."""
+    assert throttled(ThrottleState()) is None
+    ts = fresh(snapshot())
+    assert ts.check_throttle(CFG, endpoint="rerank", tier="standard", org="bulk", tokens=10,
+                             now_ms=NOW_MS) is None
+
+
+def test_stale_snapshot_stops_throttling():
+    """A snapshot older than stale_after_ms (scheduler gone) throttles nobody."""
+    ts = ThrottleState(stale_after_ms=5_000)
+    ts.observe(snapshot(), NOW_MS)
+    assert throttled(ts, now_ms=NOW_MS + 5_000) is not None
+    assert throttled(ts, now_ms=NOW_MS + 5_001) is None
+
+
+def test_overload_from_snapshot():
+    """held_requests at max_held_requests refuses with a message naming the limit."""
+    ts = fresh(snapshot(held_requests=99))
+    assert ts.check_overload(CFG) is None
+    ts = fresh(snapshot(held_requests=100))
+    v = ts.check_overload(CFG)
+    assert v is not None and v.reason == "overloaded" and v.retry_after_ms == 1_000
+    assert "max_held_requests = 100" in v.message
+
+
+def test_overload_counts_admitted_since_snapshot_even_when_stale():
+    """With the scheduler gone, admissions since its last snapshot still lead to overload."""
+    ts = ThrottleState(stale_after_ms=5_000)
+    ts.observe(snapshot(held_requests=90), NOW_MS)
+    ts.note_admitted(9)
+    assert ts.check_overload(CFG) is None
+    ts.note_admitted()
+    assert ts.check_overload(CFG) is not None
+    assert not ts.is_fresh(NOW_MS + 60_000) and ts.check_overload(CFG) is not None
+    ts.observe(snapshot(held_requests=0, sent_ms=NOW_MS + 60_000), NOW_MS + 60_000)
+    assert ts.check_overload(CFG) is None  # a fresh snapshot resets the count
+
+
+def test_overload_without_any_snapshot_counts_admissions():
+    """Before any snapshot, admissions alone count towards max_held_requests."""
+    ts = ThrottleState()
+    ts.note_admitted(100)
+    assert ts.check_overload(CFG) is not None
+
+
+def test_latest_snapshot_wins_and_higher_epoch_wins():
+    """An older snapshot is ignored; a new leader's (higher epoch) replaces the old one's."""
+    ts = ThrottleState()
+    assert ts.observe(snapshot(sent_ms=NOW_MS, epoch=1), NOW_MS)
+    assert not ts.observe(snapshot(sent_ms=NOW_MS - 1, epoch=1), NOW_MS)
+    assert not ts.observe(snapshot(sent_ms=NOW_MS + 1, epoch=0), NOW_MS)
+    assert ts.observe(snapshot(sent_ms=NOW_MS - 10, epoch=2), NOW_MS)
+    assert ts.state.epoch == 2
+
+
+def test_stale_snapshot_loses_to_any_other():
+    """Once the held snapshot is stale, a lower epoch's fresh snapshot is taken."""
+    ts = ThrottleState(stale_after_ms=5_000)
+    ts.observe(snapshot(sent_ms=NOW_MS, epoch=3), NOW_MS)
+    later = NOW_MS + 10_000
+    assert ts.observe(snapshot(sent_ms=later, epoch=0), later)
+    assert ts.state.epoch == 0
