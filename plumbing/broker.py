@@ -256,8 +256,14 @@ class EmbeddedBroker:
             except BrokerStartError:
                 if not self._start_failed(attempt, attempts):
                     raise
-            else:
-                return self._started()
+                continue
+            except BaseException:
+                # Cancelled or interrupted mid-start: no half-started child.
+                self._kill_now()
+                self._release_log()
+                raise
+            self._started()
+            return
 
     async def _astart(self) -> None:
         attempts = self._attempts()
@@ -268,8 +274,14 @@ class EmbeddedBroker:
             except BrokerStartError:
                 if not self._start_failed(attempt, attempts):
                     raise
-            else:
-                return self._started()
+                continue
+            except BaseException:
+                # Cancelled or interrupted mid-start: no half-started child.
+                self._kill_now()
+                self._release_log()
+                raise
+            self._started()
+            return
 
     def _spawn(self) -> None:
         binary = self._binary or resolve_tansu_binary()
