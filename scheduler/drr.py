@@ -9,7 +9,8 @@ empties leaves the ring and its deficit drops to zero: no banked credit.
 Because configuration guarantees ``quantum x weight >= largest request
 cost``, a fresh turn always covers the first request, so a selection looks
 at most at two orgs: O(1) in the number of orgs. Inside an org, requests wait
-in a binary heap ordered by (priority desc, deadline asc, arrival asc):
+in a binary heap ordered by (priority desc, deadline asc, arrival asc, then
+push order):
 O(log n) in that org's queue.
 
 Expired requests are removed lazily: the lane marks them, the org's live
@@ -40,7 +41,7 @@ class OrgQueue:
     def __init__(self, org: str, weight: float):
         self.org = org
         self.weight = weight
-        self.heap: list[tuple[int, float, int, Entry]] = []
+        self.heap: list[tuple[int, float, float, int, Entry]] = []
         self.live = 0
         self.deficit = 0.0
         self.in_turn = False
@@ -49,7 +50,7 @@ class OrgQueue:
     def top(self) -> Entry | None:
         heap = self.heap
         while heap:
-            e = heap[0][3]
+            e = heap[0][4]
             if e.state == HELD:
                 return e
             heappop(heap)
@@ -74,7 +75,7 @@ class DrrTier:
         q = self.orgs.get(e.org)
         if q is None:
             q = self.orgs[e.org] = OrgQueue(e.org, self.weight_of(e.org))
-        heappush(q.heap, (-e.priority, e.deadline, e.seq, e))
+        heappush(q.heap, (-e.priority, e.deadline, e.arrival, e.seq, e))
         q.live += 1
         self.live += 1
         if not q.in_ring:

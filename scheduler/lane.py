@@ -215,7 +215,7 @@ class Lane(_LaneBase):
         for t in self.tiers:
             for q in t.orgs.values():
                 for item in q.heap:
-                    yield item[3]
+                    yield item[-1]
 
     def _clear(self) -> None:
         weight_of = self.tiers[0].weight_of
