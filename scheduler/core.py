@@ -92,9 +92,10 @@ class Scheduler:
     def reconfigure(self, config: Config) -> None:
         """Apply a new registry without dropping a held request.
 
-        Weights, quanta and budgets change in place. If the tiers changed,
-        or an endpoint was added, lanes are rebuilt and every held request
-        is pushed again in its original arrival order, keeping its sequence.
+        Weights, quanta, budgets and cost models change in place (an adaptive
+        model keeps its measurements while the model stays). If the tiers
+        changed, lanes are rebuilt and every held request is pushed again in
+        its original push order; each lane keeps its cost model's state.
         A removed endpoint keeps its lane until it drains.
         """
         old = self.config
@@ -103,11 +104,15 @@ class Scheduler:
             held = [(name, e) for name, lane in self.lanes.items() for e in lane.drain()]
             eps = old.endpoints | config.endpoints  # a removed endpoint keeps its settings
             busy = {name for name, _ in held}
+            old_lanes = self.lanes
             self.lanes = {
                 name: self._make_lane(name, ep)
                 for name, ep in eps.items()
                 if name in config.endpoints or name in busy
             }
+            for name, lane in self.lanes.items():
+                if name in old_lanes:
+                    lane.keep_cost(old_lanes[name])
             for name, e in sorted(held, key=lambda p: p[1].seq):
                 self.lanes[name].push(e)
             return

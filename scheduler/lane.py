@@ -27,7 +27,7 @@ from typing import Callable, Iterable, NamedTuple
 
 from schemas.config import Endpoint, Tier
 
-from scheduler.cost import Cost, make_cost
+from scheduler.cost import AdaptiveCost, Cost, make_cost
 from scheduler.drr import DrrTier
 from scheduler.entry import DISPATCHED, EXPIRED, HELD, NO_DEADLINE, Entry
 
@@ -135,6 +135,22 @@ class _LaneBase:
     def feedback(self, samples: Iterable[tuple[str, int, float]]) -> None:
         self.cost.observe(samples)
 
+    def keep_cost(self, previous: _LaneBase) -> None:
+        """Take over ``previous``'s cost model, and what it measured, if the model is the same."""
+        if previous.endpoint.cost_model == self.endpoint.cost_model:
+            self.cost = previous.cost
+            if isinstance(self.cost, AdaptiveCost):
+                self.cost.alpha = self.endpoint.ema_alpha
+
+    def _reconfigure_cost(self, endpoint: Endpoint) -> None:
+        # The cost model is built from the endpoint: a changed model must take
+        # effect (a request-based quantum against token costs would take a
+        # turn per unit of cost), an unchanged one keeps its measurements.
+        if endpoint.cost_model != self.endpoint.cost_model:
+            self.cost = make_cost(endpoint.cost_model, endpoint.ema_alpha)
+        elif isinstance(self.cost, AdaptiveCost):
+            self.cost.alpha = endpoint.ema_alpha
+
     # Policy hooks. ``_peek`` returns a tuple whose first item is the entry
     # chosen; ``_take`` gets that same tuple back.
     def _push(self, e: Entry) -> None:
@@ -223,7 +239,8 @@ class Lane(_LaneBase):
         self.credit = [0.0] * len(self.tiers)
 
     def reconfigure(self, endpoint: Endpoint) -> None:
-        """Apply new quantum, budgets and weights; held requests stay where they are."""
+        """Apply new quantum, budgets, cost model and weights; held requests stay where they are."""
+        self._reconfigure_cost(endpoint)
         self.endpoint = endpoint
         for t in self.tiers:
             t.quantum = endpoint.quantum
@@ -259,4 +276,5 @@ class FifoLane(_LaneBase):
         self._heap = []
 
     def reconfigure(self, endpoint: Endpoint) -> None:
+        self._reconfigure_cost(endpoint)
         self.endpoint = endpoint
