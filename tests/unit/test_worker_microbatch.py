@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from worker.microbatch import padded_tokens, plan_microbatches
@@ -31,7 +31,6 @@ def _cost(length: int, max_seq_length: int | None) -> int:
     return length if max_seq_length is None else min(length, max_seq_length)
 
 
-@settings(max_examples=300, deadline=None)
 @given(plan=plans, order=orders)
 def test_every_index_once_and_budgets_hold(plan, order):
     """Each index is in exactly one micro-batch; size and padded cost stay within limits."""
@@ -46,7 +45,6 @@ def test_every_index_once_and_budgets_hold(plan, order):
         assert costs == sorted(costs)
 
 
-@settings(max_examples=200, deadline=None)
 @given(plan=plans)
 def test_sorted_runs_shortest_micro_batches_first(plan):
     """order='sorted' runs micro-batches in non-decreasing order of their longest text."""
@@ -56,7 +54,6 @@ def test_sorted_runs_shortest_micro_batches_first(plan):
     assert widest == sorted(widest)
 
 
-@settings(max_examples=200, deadline=None)
 @given(plan=plans, window=st.integers(min_value=1, max_value=50))
 def test_given_order_never_runs_a_later_window_first(plan, window):
     """order='given': a request of window k is in no later micro-batch than any of window k+1."""
