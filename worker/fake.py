@@ -25,6 +25,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -163,26 +164,10 @@ class FakeEmbedder(Embedder):
 
 
 class FakeReranker(CosineReranker):
-    """Cosine reranker over a :class:`FakeEmbedder`: shared words score higher."""
+    """Cosine reranker over a :class:`FakeEmbedder`: shared words score higher.
 
-    def __init__(
-        self,
-        *,
-        dim: int = 32,
-        max_seq_length: int = FAKE_MAX_SEQ_LENGTH,
-        ms_per_token: float = 0.0,
-        ms_per_batch: float = 0.0,
-        name: str = FAKE_SPEC,
-        sleep: Callable[[float], object] = time.sleep,
-    ) -> None:
-        super().__init__(
-            FakeEmbedder(
-                dim=dim,
-                max_seq_length=max_seq_length,
-                ms_per_token=ms_per_token,
-                ms_per_batch=ms_per_batch,
-                name=name,
-                sleep=sleep,
-            ),
-            name=name,
-        )
+    Keyword options are those of :class:`FakeEmbedder` (``dim``, ``ms_per_token``...).
+    """
+
+    def __init__(self, *, name: str = FAKE_SPEC, **options: Any) -> None:
+        super().__init__(FakeEmbedder(name=name, **options), name=name)

@@ -10,7 +10,7 @@ pipeline tests and the simulator.
 Typical use::
 
     lengths = embedder.token_lengths(texts)
-    groups = plan_microbatches(lengths, max_padded_tokens=8192, max_size=64,
+    groups = plan_microbatches(lengths, max_padded_tokens=4096, max_size=64,
                                max_seq_length=embedder.max_seq_length)
     for indices, out in embedder.encode_groups(texts, groups, lengths=lengths):
         publish(indices, out.vectors, out.truncated)
