@@ -1,0 +1,91 @@
+"""Admission's metrics, and the sampler that keeps its logs readable under a burst.
+
+Every metric lives on a registry passed in (never the global default), so
+several services in one process stay apart. Label values are bounded:
+endpoints and tiers come from the registry (names a request made up become
+``unknown``), reasons are the fixed codes of :mod:`producer.admission`, and
+partitions are the ingress topic's.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["AdmissionMetrics", "LogSampler"]
+
+# Decisions take tens of microseconds; token counting of a long text, a
+# millisecond or more.
+_DECISION_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+)
+
+
+class AdmissionMetrics:
+    """The ``sf_admission_*`` metrics of one admission service."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.admitted = Counter(
+            "sf_admission_admitted_total", "Requests admitted, by endpoint and tier.",
+            ["endpoint", "tier"], registry=registry,
+        )
+        self.rejected = Counter(
+            "sf_admission_rejected_total",
+            "Requests answered at admission (invalid, expired or rejected), by reason.",
+            ["endpoint", "tier", "reason"], registry=registry,
+        )
+        self.dead_letters = Counter(
+            "sf_admission_dead_letters_total", "Ingress records sent to the dead-letter topic.",
+            ["reason"], registry=registry,
+        )
+        self.decision_seconds = Histogram(
+            "sf_admission_decision_seconds",
+            "Time to decode and decide one ingress record (token counting included).",
+            buckets=_DECISION_BUCKETS, registry=registry,
+        )
+        self.lag = Gauge(
+            "sf_admission_consumer_lag_records",
+            "Ingress records not yet decided, per partition (highwater - next offset).",
+            ["partition"], registry=registry,
+        )
+        self.state_age = Gauge(
+            "sf_admission_scheduler_state_age_seconds",
+            "Age of the latest scheduler snapshot (NaN before the first); beyond the "
+            "staleness limit the throttle is off.",
+            registry=registry,
+        )
+        self.state_errors = Counter(
+            "sf_admission_scheduler_state_errors_total",
+            "Scheduler snapshots that could not be decoded.", registry=registry,
+        )
+        self.send_failures = Counter(
+            "sf_admission_send_failures_total",
+            "Failed writes (each attempt), by what was written.", ["kind"], registry=registry,
+        )
+        self.reloads = Counter(
+            "sf_admission_config_reloads_total", "Configuration reloads, applied or refused.",
+            ["result"], registry=registry,
+        )
+
+
+class LogSampler:
+    """Allows at most ``per_s`` log lines per clock second; counts the rest.
+
+    A burst of rejections (a flooding org) would otherwise print one line per
+    request; the suppressed ones still count in metrics and totals.
+    """
+
+    def __init__(self, per_s: int):
+        self.per_s = per_s
+        self.suppressed = 0
+        self._second = -1
+        self._used = 0
+
+    def allow(self, now_ms: int) -> bool:
+        second = now_ms // 1000
+        if second != self._second:
+            self._second, self._used = second, 0
+        if self._used < self.per_s:
+            self._used += 1
+            return True
+        self.suppressed += 1
+        return False

@@ -1,0 +1,596 @@
+"""The admission service: ingress records in, admitted requests or answers out.
+
+One loop, at-least-once:
+
+1. fetch up to ``max_poll_records`` from the ingress topic (consumer group
+   ``<prefix>admission``; requests are keyed by org, so each instance owns
+   the rate-limit state of the orgs on its partitions);
+2. decide each record (:func:`producer.admission.decide`): admitted ->
+   ``requests.<tier>`` keyed by org (msgpack); refused -> a ``Result`` keyed
+   by request id to the reply topic, in the request's encoding; undecodable
+   -> the dead-letter topic (plus an ``invalid`` result when an id is
+   readable);
+3. wait until the broker acknowledged every send of the fetch, then commit
+   the fetched offsets. A crash in between replays the fetch: duplicates are
+   possible (the scheduler drops a request id it already holds, the client
+   delivers a result once); losses are not.
+
+A bad record never stops the loop; a send that keeps failing on our own
+topics is retried until it succeeds or the service stops (then nothing of
+the fetch is committed and it is replayed by the next owner). A result for
+a reply topic that cannot be written goes to the dead letters instead.
+
+Beside the loop, a reader follows ``scheduler-state`` with no consumer
+group: it starts at the first snapshot younger than the staleness limit
+(``offsets_for_times``; Tansu gets ``seek_to_end`` and ``latest`` wrong) and
+keeps the latest snapshot for the throttle (:mod:`producer.throttle`).
+
+Configuration reloads on SIGHUP and when the file's modification time
+changes: a new file that does not validate is refused with its problems
+logged, and the running configuration stays. ``topic_prefix`` cannot change
+without a restart. Rate-limit state survives for windows that still exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Self
+
+import msgspec
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError, KafkaTimeoutError
+from prometheus_client import CollectorRegistry
+
+from plumbing.deadletter import dead_letter
+from plumbing.kafka import (
+    KafkaSettings,
+    add_kafka_arguments,
+    kafka_endpoint,
+    make_consumer,
+    make_producer,
+    settings_from_args,
+    stop_consumer,
+)
+from plumbing.logs import configure_logging, get_logger
+from plumbing.telemetry import TelemetryServer
+from plumbing.topics import ensure_topics
+from producer.admission import Admitted, DeadLetterReason, Outcome, Refused, decide
+from producer.metrics import AdmissionMetrics, LogSampler
+from producer.ratelimit import RateLimiter
+from producer.throttle import ThrottleState
+from schemas.codec import DecodeError, codec_for, content_type
+from schemas.config import Config, ConfigError, load_config
+from schemas.messages import AdmittedRequest, DeadLetter, Result, SchedulerState
+from schemas.topics import Topics
+from worker.tokenizer import TokenCounter, load_token_counter
+
+__all__ = ["AdmissionService", "AdmissionSettings", "add_arguments", "run"]
+
+log = get_logger("admission")
+
+_admitted_codec = codec_for(AdmittedRequest)
+_result_codec = codec_for(Result)
+_dead_codec = codec_for(DeadLetter)
+_state_codec = codec_for(SchedulerState)
+_MSGPACK_HEADERS = [("content-type", b"application/msgpack")]
+
+
+class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Tuning of one admission instance; the registry itself is the Config."""
+
+    #: Records decided per fetch. Offsets are committed per fetch, so this
+    #: bounds what a crash replays and how long a stop waits.
+    max_poll_records: int = 500
+    #: Longest wait for ingress records before checking for a stop request.
+    poll_timeout_ms: int = 100
+    #: Snapshots older than this do not throttle. None: the larger of 5 s
+    #: and 20 scheduler intervals (``service.state_interval_ms``).
+    state_stale_after_ms: float | None = None
+    #: How often the configuration file's modification time is checked for
+    #: a hot reload; 0 reloads only on SIGHUP.
+    config_poll_ms: int = 2_000
+    #: Period of the ``admission_totals`` info line.
+    totals_log_interval_s: float = 30.0
+    #: Rejection and dead-letter lines logged per second at info/warning;
+    #: more in a burst are counted in the totals line, not printed.
+    log_lines_per_s: int = 20
+    #: Count tokens with this model spec for every endpoint instead of the
+    #: endpoint's ``model`` ("fake" counts words; tests and dry runs).
+    token_counter: str | None = None
+    #: Attempts for a result on a reply topic before it goes to the dead
+    #: letters (a reply topic may not exist on a cluster without auto-create).
+    reply_send_attempts: int = 3
+    metrics_host: str = "127.0.0.1"
+    #: Port of /metrics, /healthz and /readyz; None: no HTTP endpoint, 0: any free port.
+    metrics_port: int | None = None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(exc, KafkaTimeoutError | OSError) or bool(getattr(exc, "retriable", False))
+
+
+class _Send(msgspec.Struct):
+    """One record to write, and what to do if it cannot be written."""
+
+    topic: str
+    value: bytes
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+    #: "admitted", "result" or "dead_letter".
+    kind: str
+    record: Any = None
+    #: Sent instead when this record can never be written (an admitted
+    #: request's ``failed`` result), so the sender still gets an answer.
+    fallback: _Send | None = None
+
+
+class AdmissionService:
+    """The admission service as an async context manager (``start``/``run``/``stop``).
+
+    ``config`` and the rate limiter are replaced only by :meth:`reload`;
+    everything else is fixed at construction. ``token_counters`` (endpoint ->
+    counter) skips loading tokenizers, for tests.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        kafka: KafkaSettings,
+        *,
+        registry: CollectorRegistry | None = None,
+        settings: AdmissionSettings | None = None,
+        config_path: str | Path | None = None,
+        token_counters: Mapping[str, TokenCounter] | None = None,
+        now_ms: Callable[[], int] = _now_ms,
+    ):
+        self.config = config
+        self.kafka = kafka
+        self.settings = settings or AdmissionSettings()
+        self.config_path = Path(config_path) if config_path is not None else None
+        self.topics = Topics.of(config)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = AdmissionMetrics(self.registry)
+        self.limiter = RateLimiter(config)
+        self.throttle = ThrottleState(
+            stale_after_ms=self._stale_after_ms(config),
+            overload_retry_ms=max(1_000, 4 * config.service.state_interval_ms),
+        )
+        self.now_ms = now_ms
+        self.totals: Counter[str] = Counter()
+        self._sampler = LogSampler(self.settings.log_lines_per_s)
+        self._counters: dict[str, TokenCounter] = dict(token_counters or {})
+        self._counter_specs: dict[str, TokenCounter] = {}
+        self._producer = None
+        self._consumer = None
+        self._state_consumer = None
+        self._telemetry: TelemetryServer | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
+        self._stopped = False
+        self._config_mtime: float | None = None
+        self._reload_lock = asyncio.Lock()
+        self.metrics.state_age.set_function(self._state_age_s)
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Create the topics, load token counters, connect, join the ingress group."""
+        await ensure_topics(self.kafka, self.topics.all(self.config))
+        self._counters.update(await self._load_counters(self.config))
+        if self.config_path is not None:
+            self._config_mtime = self._mtime()
+        self._producer = make_producer(self.kafka)
+        await self._producer.start()
+        self._consumer = make_consumer(
+            self.kafka, self.topics.ingress, group_id=f"{self.topics.prefix}admission",
+            max_poll_records=self.settings.max_poll_records,
+        )
+        await self._consumer.start()
+        self._state_consumer = make_consumer(self.kafka, group_id=None)
+        await self._state_consumer.start()
+        await self._follow_state_from_recent()
+        self._tasks.append(asyncio.create_task(self._read_state(), name="admission-state"))
+        self._tasks.append(asyncio.create_task(self._log_totals(), name="admission-totals"))
+        if self.config_path is not None and self.settings.config_poll_ms > 0:
+            self._tasks.append(asyncio.create_task(self._watch_config(), name="admission-config"))
+        if self.settings.metrics_port is not None:
+            self._telemetry = TelemetryServer(
+                self.registry, self.readiness, host=self.settings.metrics_host,
+                port=self.settings.metrics_port,
+            )
+            await self._telemetry.start()
+        log.info("admission_started", ingress=self.topics.ingress,
+                 group=f"{self.topics.prefix}admission",
+                 metrics_url=self._telemetry.url if self._telemetry else None)
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once the producer runs and some ingress partition is assigned."""
+        if self._producer is None or self._consumer is None or self._stopped:
+            return False, "not started"
+        if not self._consumer.assignment():
+            return False, "no ingress partition assigned yet"
+        return True, "ok"
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self._telemetry.url if self._telemetry else None
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to return after the fetch in hand is sent and committed."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Serve until :meth:`request_stop`."""
+        while not self._stopping.is_set():
+            try:
+                batches = await self._consumer.getmany(
+                    timeout_ms=self.settings.poll_timeout_ms,
+                    max_records=self.settings.max_poll_records,
+                )
+            except KafkaError as e:
+                log.warning("ingress_fetch_failed", error=repr(e))
+                await asyncio.sleep(0.5)
+                continue
+            if batches:
+                await self._handle(batches)
+
+    async def stop(self) -> None:
+        """Stop fetching, let the fetch in hand finish, close everything, log totals."""
+        if self._stopped:
+            return
+        self._stopping.set()
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._consumer is not None:
+            await stop_consumer(self._consumer)
+        if self._state_consumer is not None:
+            await self._state_consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._telemetry is not None:
+            await self._telemetry.stop()
+        log.info("admission_stopped", **self._totals_fields())
+
+    # -- the loop --------------------------------------------------------
+
+    async def _handle(self, batches: dict[TopicPartition, list]) -> None:
+        sends: list[_Send] = []
+        offsets: dict[TopicPartition, int] = {}
+        for tp, records in batches.items():
+            for rec in records:
+                sends.extend(self._decide(rec))
+            offsets[tp] = records[-1].offset + 1
+        if not await self._send_all(sends):
+            return  # stopping with sends unacknowledged: leave the fetch to be replayed
+        try:
+            await self._consumer.commit(offsets)
+        except KafkaError as e:
+            # A rebalance took the partitions: the new owner replays them.
+            log.warning("ingress_commit_failed", error=repr(e))
+        for tp, next_offset in offsets.items():
+            highwater = self._consumer.highwater(tp)
+            if highwater is not None:
+                self.metrics.lag.labels(str(tp.partition)).set(max(0, highwater - next_offset))
+
+    def _decide(self, rec) -> list[_Send]:
+        started = time.perf_counter()
+        outcome = decide(rec.value, rec.headers, rec.timestamp, self.config, self.limiter,
+                         self.throttle, self._counters, self.now_ms())
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        return self._account(outcome, rec)
+
+    def _account(self, outcome: Outcome, rec) -> list[_Send]:
+        match outcome:
+            case Admitted(request=req, topic=topic):
+                self.metrics.admitted.labels(req.endpoint, req.tier).inc()
+                self.totals["admitted"] += 1
+                log.debug("request_admitted", request_id=req.id, org=req.org,
+                          endpoint=req.endpoint, tier=req.tier, tokens=req.tokens, topic=topic)
+                failed = Result(id=req.id, status="failed", org=req.org, endpoint=req.endpoint,
+                                reason="admission_send_failed",
+                                message=f"the admitted request could not be written to {topic}")
+                return [_Send(topic, _admitted_codec.encode(req), req.org.encode(),
+                              _MSGPACK_HEADERS, "admitted", rec,
+                              self._result_send(failed, req.reply_to, req.reply_format, rec))]
+            case Refused(result=result, reply_to=reply_to, reply_format=fmt):
+                endpoint, tier = self._labels(result.org, result.endpoint)
+                self.metrics.rejected.labels(endpoint, tier, result.reason or "").inc()
+                self.totals[f"{result.status}:{result.reason}"] += 1
+                fields = {
+                    "request_id": result.id, "org": result.org, "endpoint": result.endpoint,
+                    "status": result.status, "reason": result.reason,
+                    "retry_after_ms": result.retry_after_ms, "message": result.message,
+                }
+                if self._sampler.allow(self.now_ms()):
+                    log.info("request_rejected", **fields)
+                else:
+                    log.debug("request_rejected", **fields)
+                return [self._result_send(result, reply_to, fmt, rec)]
+            case DeadLetterReason(reason=reason, error=error, result=result,
+                                  reply_to=reply_to, reply_format=fmt):
+                self.metrics.dead_letters.labels(reason).inc()
+                self.totals[f"dead_letter:{reason}"] += 1
+                fields = {
+                    "reason": reason, "error": error[:500], "partition": rec.partition,
+                    "offset": rec.offset, "request_id": result.id if result else None,
+                    "org": result.org if result else None,
+                }
+                if self._sampler.allow(self.now_ms()):
+                    log.warning("request_dead_lettered", **fields)
+                else:
+                    log.debug("request_dead_lettered", **fields)
+                sends = [self._dead_letter_send(rec, reason, error)]
+                if result is not None and reply_to is not None:
+                    sends.append(self._result_send(result, reply_to, fmt, rec))
+                return sends
+        raise AssertionError(f"unknown outcome {outcome!r}")  # pragma: no cover
+
+    def _labels(self, org: str, endpoint: str) -> tuple[str, str]:
+        """Bounded label values: names outside the registry become "unknown"."""
+        ep = endpoint if endpoint in self.config.endpoints else "unknown"
+        o = self.config.orgs.get(org)
+        return ep, o.tier if o is not None else "unknown"
+
+    def _result_send(self, result: Result, reply_to: str, fmt: str, rec) -> _Send:
+        return _Send(reply_to, _result_codec.encode(result, fmt), result.id.encode(),
+                     [("content-type", content_type(fmt).encode())], "result", rec)
+
+    def _dead_letter_send(self, rec, reason: str, error: str) -> _Send:
+        letter = dead_letter(rec, reason, error)
+        return _Send(self.topics.dead_letters, _dead_codec.encode(letter), None,
+                     _MSGPACK_HEADERS, "dead_letter", rec)
+
+    async def _send_all(self, sends: list[_Send]) -> bool:
+        """Write every record, in order; True once all are acknowledged (or dead-lettered)."""
+        futures: list[asyncio.Future | BaseException] = []
+        for s in sends:
+            try:
+                futures.append(await self._producer.send(s.topic, s.value, key=s.key,
+                                                         headers=s.headers))
+            except Exception as e:  # noqa: BLE001 - retried one by one below
+                futures.append(e)
+        results = await asyncio.gather(
+            *(f for f in futures if not isinstance(f, BaseException)), return_exceptions=True
+        )
+        it = iter(results)
+        outcomes = [f if isinstance(f, BaseException) else next(it) for f in futures]
+        for s, outcome in zip(sends, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and not await self._retry(s, outcome):
+                return False
+        return True
+
+    async def _retry(self, s: _Send, error: BaseException) -> bool:
+        """Retry one failed send; False only when stopping before it got through."""
+        attempts = 1
+        delay_s = 0.1
+        while True:
+            self.metrics.send_failures.labels(s.kind).inc()
+            give_up = not _retriable(error) or (
+                s.kind == "result" and attempts >= self.settings.reply_send_attempts
+            )
+            if give_up:
+                return await self._undeliverable(s, error)
+            if self._stopping.is_set():
+                log.error("send_abandoned_on_stop", topic=s.topic, kind=s.kind, error=repr(error))
+                return False
+            log.warning("send_retrying", topic=s.topic, kind=s.kind, attempt=attempts,
+                        error=repr(error))
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
+            attempts += 1
+            try:
+                await self._producer.send_and_wait(s.topic, s.value, key=s.key, headers=s.headers)
+                return True
+            except Exception as e:  # noqa: BLE001 - classified at the top of the loop
+                error = e
+
+    async def _undeliverable(self, s: _Send, error: BaseException) -> bool:
+        """A send that can never succeed: keep the record as a dead letter, never block."""
+        log.error("send_failed", topic=s.topic, kind=s.kind, error=repr(error))
+        if s.kind == "dead_letter" or s.record is None:
+            return True  # nowhere left to keep it; logged above
+        letter = _dead_codec.encode(dead_letter(s.record, f"{s.kind}_undeliverable",
+                                                f"writing to {s.topic} failed: {error!r}"))
+        self.metrics.dead_letters.labels(f"{s.kind}_undeliverable").inc()
+        then = [_Send(self.topics.dead_letters, letter, None, _MSGPACK_HEADERS, "dead_letter")]
+        if s.fallback is not None:
+            then.append(s.fallback)
+        return await self._send_all(then)
+
+    # -- scheduler state -------------------------------------------------
+
+    async def _follow_state_from_recent(self) -> None:
+        topic = self.topics.scheduler_state
+        partitions = self._state_consumer.partitions_for_topic(topic) or {0}
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        self._state_consumer.assign(tps)
+        since = self.now_ms() - int(self.throttle.stale_after_ms)
+        found = await self._state_consumer.offsets_for_times({tp: since for tp in tps})
+        missing = [tp for tp in tps if found.get(tp) is None]
+        # Nothing recent: every snapshot is stale, so start at the end.
+        ends = await self._state_consumer.end_offsets(missing) if missing else {}
+        for tp in tps:
+            hit = found.get(tp)
+            self._state_consumer.seek(tp, hit.offset if hit is not None else ends[tp])
+
+    async def _read_state(self) -> None:
+        while True:
+            try:
+                batches = await self._state_consumer.getmany(timeout_ms=500)
+            except KafkaError as e:
+                log.warning("scheduler_state_fetch_failed", error=repr(e))
+                await asyncio.sleep(1.0)
+                continue
+            for records in batches.values():
+                for rec in records:
+                    try:
+                        state = _state_codec.decode_record(rec.value, rec.headers)
+                    except DecodeError as e:
+                        self.metrics.state_errors.inc()
+                        if self._sampler.allow(self.now_ms()):
+                            log.warning("scheduler_state_undecodable", offset=rec.offset,
+                                        error=str(e))
+                        continue
+                    self.throttle.observe(state, self.now_ms())
+
+    def _state_age_s(self) -> float:
+        age = self.throttle.age_ms(self.now_ms())
+        return float("nan") if age is None else age / 1000.0
+
+    @staticmethod
+    def _stale_after_ms(config: Config) -> float:
+        return max(5_000.0, 20.0 * config.service.state_interval_ms)
+
+    # -- configuration reload ------------------------------------------------
+
+    def request_reload(self) -> None:
+        """Reload the configuration file soon (the SIGHUP handler)."""
+        self._tasks.append(asyncio.create_task(self.reload(), name="admission-reload"))
+
+    async def reload(self, config: Config | None = None) -> bool:
+        """Install ``config`` (default: re-read the file); False, logged, if refused."""
+        async with self._reload_lock:
+            try:
+                if config is None:
+                    if self.config_path is None:
+                        raise ConfigError(["no configuration file to reload from"])
+                    self._config_mtime = self._mtime()
+                    config = load_config(self.config_path)
+                if config.service.topic_prefix != self.config.service.topic_prefix:
+                    raise ConfigError([
+                        (f"service.topic_prefix cannot change from "
+                        f"{self.config.service.topic_prefix!r} to "
+                        f"{config.service.topic_prefix!r} without a restart")
+                    ])
+                counters = await self._load_counters(config)
+                await ensure_topics(self.kafka, self.topics.all(config))
+            except ConfigError as e:
+                self.metrics.reloads.labels("refused").inc()
+                log.error("config_reload_refused", problems=e.problems,
+                          detail="the running configuration stays in force")
+                return False
+            except Exception as e:  # noqa: BLE001 - a failed reload must not kill the service
+                self.metrics.reloads.labels("refused").inc()
+                log.error("config_reload_refused", error=repr(e),
+                          detail="the running configuration stays in force")
+                return False
+            self._counters.update(counters)
+            self.config = config
+            self.limiter.update(config)
+            self.throttle.stale_after_ms = self._stale_after_ms(config)
+            self.metrics.reloads.labels("applied").inc()
+            log.info("config_reloaded", orgs=len(config.orgs), endpoints=sorted(config.endpoints),
+                     tiers=config.tier_names)
+            return True
+
+    def _mtime(self) -> float | None:
+        try:
+            return self.config_path.stat().st_mtime
+        except OSError:
+            return None
+
+    async def _watch_config(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.config_poll_ms / 1000)
+            mtime = self._mtime()
+            if mtime is not None and mtime != self._config_mtime:
+                await self.reload()
+
+    async def _load_counters(self, config: Config) -> dict[str, TokenCounter]:
+        """A token counter per endpoint; a spec shared by endpoints is loaded once."""
+        counters: dict[str, TokenCounter] = {}
+        for name, ep in config.endpoints.items():
+            if name in self._counters and config.endpoints.get(name) == self.config.endpoints.get(
+                name
+            ):
+                counters[name] = self._counters[name]
+                continue
+            spec = self.settings.token_counter or ep.model
+            if spec not in self._counter_specs:
+                try:
+                    self._counter_specs[spec] = await asyncio.to_thread(load_token_counter, spec)
+                except Exception as e:
+                    raise ConfigError(
+                        [f"endpoints.{name}.model: cannot load a token counter for {spec!r}: {e}"]
+                    ) from e
+            counters[name] = self._counter_specs[spec]
+        return counters
+
+    # -- totals ------------------------------------------------------------
+
+    def _totals_fields(self) -> dict[str, Any]:
+        return {"totals": dict(self.totals), "log_lines_suppressed": self._sampler.suppressed}
+
+    async def _log_totals(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.totals_log_interval_s)
+            log.info("admission_totals", **self._totals_fields())
+
+
+# -- the `admission` subcommand ----------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``serving-fairness admission``."""
+    parser.add_argument("--config", required=True, help="the deployment's TOML configuration")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve /metrics, /healthz and /readyz on this port (0: any free "
+                             "port; default: none)")
+    parser.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address of the metrics endpoint (0.0.0.0 in a container)")
+    parser.add_argument("--token-counter", default=None, metavar="SPEC",
+                        help="count tokens with this model spec for every endpoint "
+                             "(e.g. 'fake'); default: each endpoint's model")
+    parser.add_argument("--log-level", default=None, help="DEBUG logs every admitted request")
+    add_kafka_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the admission service until SIGTERM or SIGINT; SIGHUP reloads the configuration."""
+    configure_logging(args.log_level)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"serving-fairness admission: {e}", file=sys.stderr)
+        return 2
+    kafka = settings_from_args(args)
+    settings = AdmissionSettings(metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                                 token_counter=args.token_counter)
+    return asyncio.run(_serve(config, kafka, settings, args.config))
+
+
+async def _serve(config: Config, kafka: KafkaSettings, settings: AdmissionSettings,
+                 config_path: str) -> int:
+    async with kafka_endpoint(kafka) as bootstrap:
+        if kafka.bootstrap is None:
+            log.warning("embedded_broker_started", bootstrap=bootstrap,
+                        detail="no --bootstrap given: other services must use this address")
+        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
+        service = AdmissionService(config, kafka, settings=settings, config_path=config_path)
+        loop = asyncio.get_running_loop()
+        async with service:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, service.request_stop)
+            loop.add_signal_handler(signal.SIGHUP, service.request_reload)
+            await service.run()
+    return 0

@@ -1,0 +1,225 @@
+"""The admission service against the embedded broker: records in, the right topics out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+from aiokafka.structs import TopicPartition
+from prometheus_client import CollectorRegistry
+
+from plumbing.kafka import KafkaSettings, make_admin, make_consumer, make_producer
+from plumbing.topics import ensure_topics, wait_for_topics
+from producer.service import AdmissionService, AdmissionSettings
+from schemas.codec import codec_for, format_from_headers
+from schemas.config import load_config
+from schemas.messages import AdmittedRequest, DeadLetter, LaneState, Result, SchedulerState
+from schemas.topics import Topics
+from tests.admission_setup import TOML
+
+pytestmark = pytest.mark.integration
+
+
+def _write_config(path: Path, prefix: str, extra: str = "") -> Path:
+    path.write_text(TOML.replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"') + extra)
+    return path
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, topic_prefix: str) -> Path:
+    return _write_config(tmp_path / "config.toml", topic_prefix)
+
+
+@pytest.fixture
+async def service(kafka_settings: KafkaSettings, config_path: Path
+                  ) -> AsyncIterator[AdmissionService]:
+    """A running admission service on this test's prefix, ready (ingress assigned)."""
+    svc = AdmissionService(
+        load_config(config_path), kafka_settings, registry=CollectorRegistry(),
+        settings=AdmissionSettings(token_counter="fake", metrics_port=0, config_poll_ms=0),
+        config_path=config_path,
+    )
+    await svc.start()
+    task = asyncio.create_task(svc.run())
+    try:
+        await _until(lambda: svc.readiness()[0], "the ingress partitions to be assigned")
+        yield svc
+    finally:
+        svc.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 10)
+        await svc.stop()
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    """Wait for a condition (never a fixed sleep standing in for it)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _produce(settings: KafkaSettings, topic: str, value: bytes, *, key: bytes | None = None,
+                   headers: list | None = None) -> None:
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value, key=key, headers=headers)
+    finally:
+        await producer.stop()
+
+
+async def _read(settings: KafkaSettings, topic: str, n: int, timeout_s: float = 15.0) -> list:
+    """The first ``n`` records of ``topic`` (all partitions), read with no group."""
+    partitions = (await wait_for_topics(settings, {topic: 1}))[topic]
+    consumer = make_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        await consumer.seek_to_beginning()
+        records: list = []
+        async with asyncio.timeout(timeout_s):
+            while len(records) < n:
+                for batch in (await consumer.getmany(timeout_ms=100)).values():
+                    records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()
+
+
+def _decode_result(rec) -> Result:
+    return codec_for(Result).decode(rec.value, format_from_headers(rec.headers))
+
+
+# The README's example: exactly these bytes, as `kcat -P -k trial` sends them (no headers).
+RAW = (b'{"id": "req-1", "org": "trial", "endpoint": "embed", '
+       b'"input": {"type": "embed", "texts": ["hello world"]}}')
+
+
+async def test_raw_json_is_admitted_to_its_tier_topic(service, kafka_settings, topic_prefix):
+    """Plain JSON with no headers is admitted to requests.<tier> keyed by org, then committed."""
+    topics = Topics(topic_prefix)
+    await _produce(kafka_settings, topics.ingress, RAW, key=b"trial")
+    [rec] = await _read(kafka_settings, topics.tier("free"), 1)
+    assert rec.key == b"trial"
+    assert dict(rec.headers)["content-type"] == b"application/msgpack"
+    admitted = codec_for(AdmittedRequest).decode(rec.value)
+    assert (admitted.id, admitted.tier, admitted.tokens) == ("req-1", "free", 2)
+    assert admitted.reply_to == topics.results and admitted.reply_format == "json"
+    # The ingress offset is committed once the admitted record was acknowledged.
+    await _until(lambda: service.totals["admitted"] == 1, "the admission to be counted")
+    tps = service._consumer.assignment()
+    committed = {tp: await service._consumer.committed(tp) for tp in tps}
+    assert sum(c or 0 for c in committed.values()) == 1
+
+
+async def test_unknown_org_gets_invalid_result_on_its_reply_topic(service, kafka_settings,
+                                                                  topic_prefix):
+    """An unknown org is answered on its reply topic with invalid/unknown_org, in JSON."""
+    topics = Topics(topic_prefix)
+    reply = f"{topic_prefix}replies.client-1"
+    await ensure_topics(kafka_settings, {reply: 1})  # as the client library does
+    body = msgspec.json.encode({"id": "req-x", "org": "nobody", "endpoint": "embed",
+                                "input": {"type": "embed", "texts": ["a"]}, "reply_to": reply})
+    await _produce(kafka_settings, topics.ingress, body, key=b"nobody")
+    [rec] = await _read(kafka_settings, reply, 1)
+    assert rec.key == b"req-x"
+    result = _decode_result(rec)
+    assert (result.status, result.reason) == ("invalid", "unknown_org")
+    assert "'nobody'" in result.message
+
+
+async def test_garbage_is_dead_lettered_and_the_loop_goes_on(service, kafka_settings,
+                                                             topic_prefix):
+    """A garbage record goes to the dead letters; the next good record is still admitted."""
+    topics = Topics(topic_prefix)
+    await _produce(kafka_settings, topics.ingress, b"\x00\xffnot json", key=b"trial")
+    await _produce(kafka_settings, topics.ingress, RAW, key=b"trial")
+    [dead] = await _read(kafka_settings, topics.dead_letters, 1)
+    letter = codec_for(DeadLetter).decode(dead.value)
+    assert letter.payload == b"\x00\xffnot json" and letter.source_topic == topics.ingress
+    assert letter.reason == "malformed"
+    [ok] = await _read(kafka_settings, topics.tier("free"), 1)
+    assert codec_for(AdmittedRequest).decode(ok.value).id == "req-1"
+
+
+async def test_throttle_follows_scheduler_state(service, kafka_settings, topic_prefix):
+    """A fresh snapshot with a deep backlog makes the service reject with throttled."""
+    topics = Topics(topic_prefix)
+    lane = LaneState(endpoint="embed", held_requests=10, held_cost_by_tier={},
+                     held_tokens_by_tier={"enterprise": 100_000}, tokens_per_s=100.0,
+                     free_slots=0, workers=1)
+    state = SchedulerState(sent_ms=int(time.time() * 1000), lanes={"embed": lane},
+                           held_requests=10)
+    await _produce(kafka_settings, topics.scheduler_state,
+                   codec_for(SchedulerState).encode(state),
+                   headers=[("content-type", b"application/msgpack")])
+    await _until(lambda: service.throttle.state is not None, "the snapshot to be read")
+    await _produce(kafka_settings, topics.ingress, RAW, key=b"trial")
+    [rec] = await _read(kafka_settings, topics.results, 1)
+    result = _decode_result(rec)
+    assert (result.status, result.reason) == ("rejected", "throttled")
+    assert result.retry_after_ms > 0
+
+
+async def test_metrics_and_health(service, kafka_settings, topic_prefix):
+    """/readyz is 200 once assigned; /metrics counts admissions by endpoint and tier."""
+    topics = Topics(topic_prefix)
+    await _produce(kafka_settings, topics.ingress, RAW, key=b"trial")
+    await _until(lambda: service.totals["admitted"] == 1, "the admission")
+
+    def get(path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(service.metrics_url + path, timeout=5) as r:
+            return r.status, r.read().decode()
+
+    status, _ = await asyncio.to_thread(get, "/readyz")
+    assert status == 200
+    _, text = await asyncio.to_thread(get, "/metrics")
+    assert 'sf_admission_admitted_total{endpoint="embed",tier="free"} 1.0' in text
+    assert "sf_admission_decision_seconds_count 1.0" in text
+
+
+async def test_reload_applies_a_valid_file_and_refuses_an_invalid_one(
+        service, kafka_settings, topic_prefix, config_path):
+    """A reload adds a new org; a broken file is refused and the old configuration stays."""
+    topics = Topics(topic_prefix)
+    _write_config(config_path, topic_prefix, '\n[orgs.newco]\ntier = "standard"\n')
+    assert await service.reload()
+    config_path.write_text("[[tiers]]\nname = 'x'\n[endpoints.e]\nkind = 'nope'\n")
+    assert not await service.reload()
+    assert "newco" in service.config.orgs
+    body = RAW.replace(b'"trial"', b'"newco"')
+    await _produce(kafka_settings, topics.ingress, body, key=b"newco")
+    [rec] = await _read(kafka_settings, topics.tier("standard"), 1)
+    assert codec_for(AdmittedRequest).decode(rec.value).org == "newco"
+
+
+async def test_stop_finishes_and_commits(kafka_settings, topic_prefix, config_path):
+    """After a stop request run() returns, and every decided record's offset is committed."""
+    topics = Topics(topic_prefix)
+    svc = AdmissionService(load_config(config_path), kafka_settings,
+                           settings=AdmissionSettings(token_counter="fake", config_poll_ms=0))
+    async with svc:
+        task = asyncio.create_task(svc.run())
+        for i in range(5):
+            body = RAW.replace(b'"req-1"', f'"req-{i}"'.encode()).replace(b'"trial"', b'"acme"')
+            await _produce(kafka_settings, topics.ingress, body, key=b"acme")
+        await _until(lambda: svc.totals["admitted"] == 5, "five admissions")
+        svc.request_stop()
+        await asyncio.wait_for(task, 10)
+    admin = make_admin(kafka_settings)
+    await admin.start()
+    try:
+        tps = [TopicPartition(topics.ingress, p) for p in range(4)]
+        offsets = await admin.list_consumer_group_offsets(f"{topic_prefix}admission",
+                                                          partitions=tps)
+    finally:
+        await admin.close()
+    assert sum(max(0, meta.offset) for meta in offsets.values()) == 5
