@@ -1,0 +1,520 @@
+"""The simulator: the scheduler core on a virtual clock, fed by a trace.
+
+Why: the fairness claims (a burst does not hurt a quiet org, weights are
+honoured, batches stay full) must be checkable in seconds, deterministically,
+without Kafka or a GPU. The simulator drives the *same* :class:`Scheduler`
+the live service uses; only the world around it is modelled.
+
+The model (discrete events, no wall clock anywhere):
+
+* **Arrivals** come from the trace at their ``ts``. Admission is instant.
+  As the live admission does, a request naming an unknown org or endpoint,
+  asking for a priority above its tier's cap, or larger than the endpoint's
+  ``max_request_tokens`` is ``invalid``, and the tier comes from the
+  configuration. With an :class:`Admission` plugged in (``--admission``:
+  :class:`PipelineAdmission`, the rate limiter, overload check and throttle
+  of :mod:`producer`), a refused request is ``rejected`` with its reason;
+  the simulator hands it a :class:`SchedulerState` every
+  ``service.state_interval_ms``, as the live scheduler publishes one.
+  Without it nothing is rejected: the scheduler is measured alone.
+* **Workers**: each endpoint gets ``workers`` workers with ``slots`` slots.
+  A worker runs its batches one at a time (one GPU), holding at most
+  ``slots`` of them; a slot frees when its batch is done. The scheduler is
+  asked for a batch whenever a slot is free and requests are held, so the
+  system is work-conserving, and a batch is chosen as late as the live
+  design chooses it.
+* **Service time** of a batch: ``overhead_ms + ms_per_token x batch
+  tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
+  4,096-token batch in 1.15 s), resemble all-MiniLM-L6-v2 on a few CPU
+  cores; on a GPU use e.g. ``--overhead-ms 3 --ms-per-token 0.005``.
+  Each served request's share of its batch's time (by tokens) is fed back
+  with :meth:`Scheduler.feedback`, so the ``adaptive`` cost model learns.
+* **Deadlines**: the clock also stops at the earliest held deadline;
+  :meth:`Scheduler.expire` returns what is due and each such request is
+  counted ``expired``, never served.
+
+Every request of the trace leaves exactly once, as one :class:`Outcome`
+(ok, rejected, expired or invalid). Latency runs from arrival to the end of
+the request's batch.
+
+Jain's fairness index over backlogged orgs
+------------------------------------------
+
+Jain's index of allocations ``x_1..x_n`` is ``(sum x)^2 / (n sum x^2)``:
+1 when all are equal, ``1/n`` when one org gets everything. It measures
+fairness only among orgs that *wanted more than they got*: an org whose
+queue empties was given all it asked for, and comparing its small share
+with a flooder's would call perfect DRR unfair. So:
+
+* an org is **backlogged across a decision** when the scheduler still holds
+  one of its requests right after assembling a batch (it competed for that
+  batch and was not satisfied by it);
+* for every batch, in each (endpoint, tier), the set S of orgs backlogged
+  across it is noted, with what each org of S was served in that batch
+  (its cost in the lane's units; often nothing);
+* for each distinct S with at least two orgs, over all batches with that
+  exact set -- the period in which all of them, and only they, were
+  backlogged -- ``x_i = served cost of org i / weight of org i``, and
+  ``J(S)`` is Jain's index of those ``x_i``;
+* ``jain_index`` is ``J(S)`` of the set with the most served cost (the
+  main contention of the run); every set is listed under ``jain``. With no
+  set of two orgs it is ``None``: no two orgs ever waited together, so there
+  was nothing to share.
+
+DRR keeps ``|served_i/w_i - served_j/w_j| <= quantum + 2 x max cost`` while
+i and j are backlogged, so over a period of many rounds ``J(S)`` tends to 1.
+The FIFO baseline serves in arrival order: in the noisy-neighbour trace the
+quiet org waits behind the whole burst, served nothing, and ``J`` is 0.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from scheduler.core import Policy, Scheduler
+from scheduler.entry import Entry
+from scheduler.report import Outcome, QueueSample, compare, format_table, summarize, write_report
+from scheduler.trace import TraceError, TraceRecord, read_trace
+from schemas.config import Config, ConfigError, load_config
+from schemas.messages import LaneState, SchedulerState
+
+__all__ = [
+    "Admission",
+    "JainGroup",
+    "PipelineAdmission",
+    "ServiceModel",
+    "SimResult",
+    "SimSettings",
+    "add_arguments",
+    "jain",
+    "run",
+    "simulate",
+]
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    """How long a batch takes: a fixed overhead plus a cost per token."""
+
+    overhead_ms: float = 5.0
+    ms_per_token: float = 0.28
+
+    def batch_s(self, tokens: int) -> float:
+        return (self.overhead_ms + self.ms_per_token * tokens) / 1000.0
+
+
+class Admission(Protocol):
+    """Admission control plugged into the simulator (rate limits, overload, throttle)."""
+
+    def observe(self, state: SchedulerState, now: float) -> None:
+        """The scheduler's latest snapshot, every ``service.state_interval_ms``."""
+
+    def admit(self, record: TraceRecord, tier: str, now: float) -> str | None:
+        """None to admit ``record`` at ``now``, else the reason it is rejected."""
+
+
+@dataclass
+class SimSettings:
+    """Everything that shapes a simulated run besides the configuration and the trace."""
+
+    policy: Policy = "drr"
+    #: Workers per endpoint.
+    workers: int = 1
+    #: Batches a worker may hold at once (it runs them one after the other).
+    slots: int = 1
+    service: ServiceModel = field(default_factory=ServiceModel)
+    #: Queue depth is sampled at most this often (virtual seconds).
+    sample_interval_s: float = 0.1
+    admission: Admission | None = None
+
+
+@dataclass
+class JainGroup:
+    """One set of orgs backlogged together, and what each was served meanwhile."""
+
+    endpoint: str
+    tier: str
+    orgs: tuple[str, ...]
+    batches: int
+    served: dict[str, float]
+    weights: dict[str, float]
+
+    @property
+    def index(self) -> float:
+        return jain([self.served[o] / self.weights[o] for o in self.orgs])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "tier": self.tier, "orgs": list(self.orgs),
+                "batches": self.batches, "served_cost": {o: round(v, 3) for o, v in
+                                                         self.served.items()},
+                "weights": self.weights, "index": round(self.index, 6)}
+
+
+def jain(xs: Sequence[float]) -> float:
+    """Jain's index ``(sum x)^2 / (n sum x^2)``; 1.0 for all zeros (nobody favoured)."""
+    sq = sum(x * x for x in xs)
+    return (sum(xs) ** 2) / (len(xs) * sq) if sq else 1.0
+
+
+@dataclass
+class SimResult:
+    """A run's outcomes, queue samples and fairness groups."""
+
+    outcomes: list[Outcome]
+    samples: list[QueueSample]
+    groups: list[JainGroup]
+    meta: dict[str, Any]
+
+    @property
+    def main_group(self) -> JainGroup | None:
+        return max(self.groups, key=lambda g: sum(g.served.values()), default=None)
+
+    def summary(self) -> dict[str, Any]:
+        """:func:`scheduler.report.summarize` plus ``jain_index``, ``jain`` and ``meta``."""
+        g = self.main_group
+        groups = sorted(self.groups, key=lambda g: -sum(g.served.values()))[:10]
+        extra: dict[str, Any] = {
+            "meta": self.meta,
+            "jain_index": round(g.index, 6) if g else None,
+            "jain": [x.to_json() for x in groups],
+        }
+        if g is None:
+            extra["jain_note"] = "no two orgs of one tier stayed backlogged across a batch"
+        return summarize(self.outcomes, **extra)
+
+
+class _Worker:
+    __slots__ = ("free_at", "in_hand", "name", "tokens_per_s")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.free_at = 0.0
+        self.in_hand = 0
+        #: Moving average of tokens per second while busy, as the live
+        #: scheduler measures it from ``batch_done`` reports (0 = unknown).
+        self.tokens_per_s = 0.0
+
+
+#: Orgs listed per lane in the snapshot handed to admission (the live default).
+_SNAPSHOT_TOP_ORGS = 20
+
+
+def simulate(config: Config, records: Sequence[TraceRecord],
+             settings: SimSettings | None = None) -> SimResult:
+    """Run ``records`` (sorted by ``ts``, as :func:`read_trace` gives them) through the core."""
+    s = settings or SimSettings()
+    if s.workers < 1 or s.slots < 1:
+        raise ValueError("workers and slots must be at least 1")
+    sched = Scheduler(config, s.policy)
+    pools = {ep: [_Worker(f"{ep}-w{i}") for i in range(s.workers)] for ep in config.endpoints}
+    outcomes: list[Outcome] = []
+    samples: list[QueueSample] = []
+    # Held [requests, tokens] per (endpoint, tier) and org: backlogged sets, snapshots.
+    held: dict[tuple[str, str], dict[str, list[int]]] = {}
+    groups: dict[tuple[str, str, frozenset[str]], JainGroup] = {}
+    # Batches in flight: (done at, seq, worker, endpoint, batch id, [(entry, cost)], dispatched at).
+    done: list[tuple[float, int, _Worker, str, str, list[tuple[Entry, float]], float]] = []
+    seq = 0
+    n_batches = 0
+    state_every = config.service.state_interval_ms / 1000.0
+    next_state = 0.0
+
+    def weight(org: str) -> float:
+        o = config.orgs.get(org)
+        return o.weight if o is not None else 1.0
+
+    def unhold(ep: str, e: Entry) -> None:
+        counts = held[(ep, e.tier)]
+        c = counts[e.org]
+        c[0] -= 1
+        c[1] -= e.tokens
+        if not c[0]:
+            del counts[e.org]
+
+    def expired(ep: str, entries: list[Entry], now: float) -> None:
+        for e in entries:
+            unhold(ep, e)
+            outcomes.append(Outcome(id=e.id, org=e.org, tier=e.tier, endpoint=ep,
+                                    status="expired", reason="deadline_passed", tokens=e.tokens,
+                                    arrival_s=e.arrival, admitted_s=e.arrival, completed_s=now))
+
+    def snapshot(now: float) -> SchedulerState:
+        lanes = {}
+        for ep, st in sched.stats().items():
+            per_tier = {t: c for (e, t), c in held.items() if e == ep and c}
+            org_tokens: dict[str, int] = {}
+            for c in per_tier.values():
+                for org, (_, tok) in c.items():
+                    org_tokens[org] = org_tokens.get(org, 0) + tok
+            top = sorted(org_tokens.items(), key=lambda kv: -kv[1])[:_SNAPSHOT_TOP_ORGS]
+            pool = pools[ep]
+            lanes[ep] = LaneState(
+                endpoint=ep, held_requests=st.held,
+                held_cost_by_tier={t: float(v) for t, v in st.held_tokens_by_tier.items()},
+                held_tokens_by_tier=st.held_tokens_by_tier,
+                tokens_per_s=sum(w.tokens_per_s for w in pool),
+                free_slots=sum(s.slots - w.in_hand for w in pool), workers=len(pool),
+                active_orgs_by_tier={t: len(c) for t, c in per_tier.items()},
+                org_held_tokens=dict(top))
+        return SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=sched.held)
+
+    def arrive(r: TraceRecord) -> None:
+        nonlocal next_state
+        base = {"id": r.id, "org": r.org, "endpoint": r.endpoint, "tokens": r.tokens,
+                "arrival_s": r.ts}
+        ep = config.endpoints.get(r.endpoint)
+        org = config.orgs.get(r.org)
+        reason = ("unknown_org" if org is None else "unknown_endpoint" if ep is None else
+                  "priority_above_cap" if r.priority > config.priority_cap(org.tier, r.endpoint)
+                  else "too_many_tokens" if r.tokens > ep.max_request_tokens else None)
+        if reason:
+            outcomes.append(Outcome(**base, tier=org.tier if org else "", status="invalid",
+                                    reason=reason, completed_s=r.ts))
+            return
+        if s.admission is not None:
+            if r.ts >= next_state:
+                # The state is constant between events: this is the state at the tick.
+                tick = next_state + state_every * ((r.ts - next_state) // state_every)
+                s.admission.observe(snapshot(tick), tick)
+                next_state = tick + state_every
+            reason = s.admission.admit(r, org.tier, r.ts)
+            if reason:
+                outcomes.append(Outcome(**base, tier=org.tier, status="rejected", reason=reason,
+                                        completed_s=r.ts))
+                return
+        deadline = r.ts + r.deadline_ms / 1000.0 if r.deadline_ms is not None else None
+        e = Entry(r.id, r.org, org.tier, r.tokens, priority=r.priority, deadline=deadline,
+                  arrival=r.ts, payload=r)
+        if not sched.push(r.endpoint, e):
+            outcomes.append(Outcome(**base, tier=org.tier, status="invalid",
+                                    reason="duplicate_id", completed_s=r.ts))
+            return
+        c = held.setdefault((r.endpoint, org.tier), {}).setdefault(r.org, [0, 0])
+        c[0] += 1
+        c[1] += r.tokens
+
+    def account(ep: str, served: dict[tuple[str, str], float]) -> None:
+        for (e_ep, tier), counts in held.items():
+            if e_ep != ep or len(counts) < 2:
+                continue
+            key = (ep, tier, frozenset(counts))
+            g = groups.get(key)
+            if g is None:
+                orgs = tuple(sorted(counts))
+                g = groups[key] = JainGroup(ep, tier, orgs, 0, dict.fromkeys(orgs, 0.0),
+                                            {o: weight(o) for o in orgs})
+            g.batches += 1
+            for org in g.orgs:
+                g.served[org] += served.get((tier, org), 0.0)
+
+    def dispatch(now: float) -> None:
+        nonlocal seq, n_batches
+        for ep, pool in pools.items():
+            lane = sched.lanes[ep]
+            while lane.held:
+                w = min(pool, key=lambda w: (w.in_hand, w.free_at))
+                if w.in_hand >= s.slots:
+                    break
+                d = sched.next_batch(ep, now)
+                expired(ep, d.expired, now)
+                if not d.batch:
+                    continue
+                n_batches += 1
+                bid = f"{ep}-b{n_batches}"
+                tokens = sum(e.tokens for e in d.batch)
+                served: dict[tuple[str, str], float] = {}
+                charged = []
+                for e in d.batch:
+                    unhold(ep, e)
+                    c = lane.cost.cost(e)
+                    charged.append((e, c))
+                    served[(e.tier, e.org)] = served.get((e.tier, e.org), 0.0) + c
+                account(ep, served)
+                start = max(now, w.free_at)
+                w.free_at = start + s.service.batch_s(tokens)
+                w.in_hand += 1
+                seq += 1
+                heapq.heappush(done, (w.free_at, seq, w, ep, bid, charged, now))
+
+    def complete(t: float, w: _Worker, ep: str, bid: str, batch: list[tuple[Entry, float]],
+                 dispatched: float) -> None:
+        w.in_hand -= 1
+        budget = config.endpoints[ep].max_batch_tokens
+        tokens = sum(e.tokens for e, _ in batch)
+        took = s.service.batch_s(tokens)
+        rate = tokens / took
+        w.tokens_per_s = rate if not w.tokens_per_s else 0.8 * w.tokens_per_s + 0.2 * rate
+        for e, c in batch:
+            outcomes.append(Outcome(id=e.id, org=e.org, tier=e.tier, endpoint=ep, status="ok",
+                                    tokens=e.tokens, cost=c, arrival_s=e.arrival,
+                                    admitted_s=e.arrival, dispatched_s=dispatched, completed_s=t,
+                                    batch_id=bid, batch_tokens=tokens, batch_budget=budget))
+        sched.feedback(ep, [(e.org, e.tokens, took * e.tokens / tokens) for e, _ in batch])
+
+    last_sample = float("-inf")
+
+    def sample(now: float, force: bool = False) -> None:
+        nonlocal last_sample
+        if not force and now < last_sample + s.sample_interval_s:
+            return
+        last_sample = now
+        for ep, st in sched.stats().items():
+            samples.append(QueueSample(t_s=now, endpoint=ep,
+                                       held_tokens_by_tier=st.held_tokens_by_tier,
+                                       held_by_tier=st.held_by_tier))
+
+    i, n = 0, len(records)
+    inf = float("inf")
+    now = 0.0
+    while True:
+        t_arrival = records[i].ts if i < n else inf
+        t_done = done[0][0] if done else inf
+        t_deadline = sched.next_deadline()
+        now = min(t_arrival, t_done, inf if t_deadline is None else t_deadline)
+        if now == inf:
+            break
+        while done and done[0][0] <= now:
+            t, _, w, ep, bid, batch, dispatched = heapq.heappop(done)
+            complete(t, w, ep, bid, batch, dispatched)
+        while i < n and records[i].ts <= now:
+            arrive(records[i])
+            i += 1
+        for e in sched.expire(now):
+            expired(e.payload.endpoint, [e], now)
+        dispatch(now)
+        sample(now)
+    sample(now, force=True)
+    used = {r.endpoint for r in records if r.endpoint in config.endpoints}
+    meta = {
+        "policy": s.policy, "workers": s.workers, "slots": s.slots,
+        "overhead_ms": s.service.overhead_ms, "ms_per_token": s.service.ms_per_token,
+        "full_batch_ms": {ep: round(s.service.batch_s(e.max_batch_tokens) * 1000, 3)
+                          for ep, e in config.endpoints.items() if ep in used},
+        "admission": "off" if s.admission is None else type(s.admission).__name__,
+    }
+    return SimResult(outcomes, samples, list(groups.values()), meta)
+
+
+class PipelineAdmission:
+    """The live admission's last three checks, from :mod:`producer`, in its order.
+
+    Rate limits (:class:`producer.ratelimit.RateLimiter`, charged only when
+    the request is admitted), then the overload check and the real-time
+    throttle (:class:`producer.throttle.ThrottleState`, fed the simulator's
+    snapshots). The validity checks before them are the simulator's own.
+    Each can be switched off, e.g. to see what the throttle alone does.
+    """
+
+    def __init__(self, config: Config, *, rate_limits: bool = True, overload: bool = True,
+                 throttle: bool = True):
+        from producer.ratelimit import RateLimiter  # the simulator runs without producer too
+        from producer.throttle import ThrottleState
+
+        self.config = config
+        self.limiter = RateLimiter(config) if rate_limits else None
+        self.state = ThrottleState()
+        self.overload = overload
+        self.throttle = throttle
+
+    def observe(self, state: SchedulerState, now: float) -> None:
+        self.state.observe(state, now * 1000.0)
+
+    def admit(self, record: TraceRecord, tier: str, now: float) -> str | None:
+        now_ms = now * 1000.0
+        limiter = self.limiter
+        if limiter and not limiter.check(record.org, record.endpoint, record.tokens,
+                                         now_ms).allowed:
+            return "rate_limited"
+        if self.overload and self.state.check_overload(self.config) is not None:
+            return "overloaded"
+        if self.throttle:
+            deadline = now_ms + record.deadline_ms if record.deadline_ms is not None else None
+            v = self.state.check_throttle(self.config, endpoint=record.endpoint, tier=tier,
+                                          org=record.org, tokens=record.tokens, now_ms=now_ms,
+                                          deadline_at_ms=deadline)
+            if v is not None:
+                return v.reason
+        if self.limiter is not None:
+            self.limiter.acquire(record.org, record.endpoint, record.tokens, now_ms)
+        self.state.note_admitted()
+        return None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``serving-fairness simulate``."""
+    parser.add_argument("--config", required=True, help="configuration TOML (tiers, orgs...)")
+    parser.add_argument("--trace", required=True, help="trace file (JSON Lines)")
+    parser.add_argument("--policy", choices=["drr", "fifo"], default="drr")
+    parser.add_argument("--compare-policy", action="store_true",
+                        help="also run the other policy and print both side by side")
+    parser.add_argument("--workers", type=int, default=1, help="workers per endpoint")
+    parser.add_argument("--slots", type=int, default=1, help="batches a worker may hold")
+    parser.add_argument("--overhead-ms", type=float, default=5.0,
+                        help="fixed time per batch (default 5 ms)")
+    parser.add_argument("--ms-per-token", type=float, default=0.28,
+                        help="time per batch token (default 0.28 ms: MiniLM on CPU)")
+    parser.add_argument("--sample-ms", type=float, default=100.0,
+                        help="queue-depth sampling interval, virtual ms")
+    parser.add_argument("--admission", action="store_true",
+                        help="apply the live admission's rate limits, overload check and "
+                             "throttle (rejected > 0); off by default so the scheduler is "
+                             "measured alone")
+    parser.add_argument("--json", metavar="OUT", help="write the summary as JSON")
+    parser.add_argument("--report", metavar="DIR", help="write the full report (tables, plots)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``serving-fairness simulate``: 0 on success, 2 on bad input."""
+    try:
+        config = load_config(args.config)
+        records = read_trace(args.trace)
+    except (ConfigError, TraceError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.workers < 1 or args.slots < 1:
+        print("error: --workers and --slots must be at least 1", file=sys.stderr)
+        return 2
+    policies = [args.policy] + ([{"drr": "fifo", "fifo": "drr"}[args.policy]]
+                                if args.compare_policy else [])
+    summaries: dict[str, dict[str, Any]] = {}
+    for policy in policies:
+        settings = SimSettings(policy=policy, workers=args.workers, slots=args.slots,
+                               service=ServiceModel(args.overhead_ms, args.ms_per_token),
+                               sample_interval_s=args.sample_ms / 1000.0,
+                               admission=PipelineAdmission(config) if args.admission else None)
+        result = simulate(config, records, settings)
+        result.meta.update(trace=Path(args.trace).name, config=Path(args.config).name)
+        summary = result.summary()
+        summaries[policy] = summary
+        fb = ", ".join(f"{ep} {ms:g} ms" for ep, ms in result.meta["full_batch_ms"].items())
+        print(f"\n## {policy}: {len(records)} requests, {args.workers} worker(s) x {args.slots} "
+              f"slot(s) per endpoint, batch = {args.overhead_ms:g} ms + {args.ms_per_token:g} "
+              f"ms/token (full batch: {fb})\n")
+        print(format_table(summary))
+        if args.report:
+            out = Path(args.report) / policy if args.compare_policy else Path(args.report)
+            title = f"Simulated run: {Path(args.trace).name}, policy {policy}"
+            write_report(out, result.outcomes, result.samples, title=title, summary=summary)
+            print(f"\nreport written to {out}", file=sys.stderr)
+    if args.compare_policy:
+        text = compare(summaries[policies[0]], summaries[policies[1]], labels=tuple(policies))
+        print(f"\n## {policies[0]} vs {policies[1]}\n\n{text}")
+        if args.report:
+            (Path(args.report) / "compare.md").write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summaries[args.policy], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    _p = argparse.ArgumentParser(prog="serving-fairness simulate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(_p)
+    sys.exit(run(_p.parse_args()))

@@ -1,0 +1,255 @@
+"""The simulator: accounting, and the fairness claims on a virtual clock (deterministic)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from scheduler.report import percentile
+from scheduler.simulate import (
+    PipelineAdmission,
+    ServiceModel,
+    SimResult,
+    SimSettings,
+    add_arguments,
+    jain,
+    run,
+    simulate,
+)
+from scheduler.trace import TraceRecord, backlogged, noisy_neighbour
+from schemas.config import load_config, parse_config
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CONFIG = load_config(EXAMPLES / "config.toml")
+WEIGHTED = load_config(EXAMPLES / "weighted.toml")
+SERVICE = ServiceModel()  # 5 ms + 0.28 ms/token
+FULL_BATCH_S = SERVICE.batch_s(CONFIG.endpoints["embed"].max_batch_tokens)
+VICTIM = "quiet-1"
+
+
+@cache
+def noisy(burst: int, policy: str) -> SimResult:
+    return simulate(CONFIG, noisy_neighbour(burst), SimSettings(policy=policy))
+
+
+def p99_ms(result: SimResult, org: str) -> float:
+    xs = sorted(o.latency_s * 1000 for o in result.outcomes if o.org == org and o.status == "ok")
+    return percentile(xs, 99)
+
+
+def alone_p99_ms() -> float:
+    return p99_ms(noisy(0, "drr"), VICTIM)
+
+
+def test_jain_index_formula():
+    """Jain's index is 1 for equal shares and 1/n when one org gets everything."""
+    assert jain([3.0, 3.0, 3.0]) == pytest.approx(1.0)
+    assert jain([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert jain([1.0, 2.0]) == pytest.approx(9 / 10)
+
+
+def test_every_request_leaves_exactly_once():
+    """Each request ends as exactly one outcome: ok, rejected, expired or invalid."""
+    recs = noisy_neighbour(3000, quiet_orgs=["quiet-2", "acme", "trial-1"])
+    extra = [
+        TraceRecord(ts=0.2 + i / 100, org="quiet-2", endpoint="embed", tokens=128,
+                    deadline_ms=400, id=f"dl-{i}") for i in range(20)
+    ] + [
+        TraceRecord(ts=0.3, org="nobody", endpoint="embed", tokens=8, id="unknown-org"),
+        TraceRecord(ts=0.3, org="acme", endpoint="nope", tokens=8, id="unknown-endpoint"),
+        TraceRecord(ts=0.3, org="searchco", endpoint="embed", tokens=5000, id="too-big"),
+        TraceRecord(ts=0.3, org="trial-1", endpoint="embed", tokens=8, priority=9, id="too-high"),
+    ] + [
+        TraceRecord(ts=i / 20, org="trial-1", endpoint="embed", tokens=512, id=f"free-{i}")
+        for i in range(300)
+    ] + [
+        TraceRecord(ts=i / 50, org="acme", endpoint="rerank", tokens=300, id=f"rr-{i}")
+        for i in range(200)
+    ]
+    recs = sorted(recs + extra, key=lambda r: r.ts)
+    res = simulate(CONFIG, recs, SimSettings(workers=2, slots=2,
+                                             admission=PipelineAdmission(CONFIG)))
+    ids = [o.id for o in res.outcomes]
+    assert sorted(ids) == sorted(r.id for r in recs)
+    status = {o.id: o for o in res.outcomes}
+    assert {status[i].reason for i in ("unknown-org", "unknown-endpoint", "too-big",
+                                       "too-high")} == {"unknown_org", "unknown_endpoint",
+                                                        "too_many_tokens", "priority_above_cap"}
+    kinds = {o.status for o in res.outcomes}
+    assert {"ok", "expired", "invalid", "rejected"} <= kinds
+    for o in res.outcomes:
+        if o.status == "ok":
+            assert o.arrival_s <= o.dispatched_s < o.completed_s
+            assert o.batch_tokens <= o.batch_budget
+        else:
+            assert o.dispatched_s is None and o.batch_id is None
+        if o.status == "expired":
+            assert o.completed_s >= o.arrival_s + 0.4 - 1e-9
+    s = res.summary()
+    t = s["totals"]
+    assert t["requests"] == len(recs) == sum(t[k] for k in ("completed", "rejected", "expired",
+                                                            "invalid", "failed", "missing"))
+
+
+def test_work_conserving_no_idle_gap_while_backlogged():
+    """With everything queued at t=0 the worker never idles: makespan = sum of batch times."""
+    res = simulate(WEIGHTED, backlogged(["weight-1", "weight-2"], 500))
+    batches = {o.batch_id: o.batch_tokens for o in res.outcomes}
+    busy = sum(SERVICE.batch_s(t) for t in batches.values())
+    assert max(o.completed_s for o in res.outcomes) == pytest.approx(busy)
+
+
+def test_slots_bound_batches_in_hand():
+    """A worker holds at most ``slots`` batches: service intervals of one worker never overlap."""
+    res = simulate(WEIGHTED, backlogged(["weight-1"], 300), SimSettings(workers=1, slots=2))
+    spans = sorted({(o.dispatched_s, o.completed_s) for o in res.outcomes})
+    # Batch k+2 is chosen only once batch k is done (two in hand at most).
+    for a, b in zip(spans, spans[2:]):
+        assert b[0] >= a[1] - 1e-9
+
+
+# -- the noisy neighbour -------------------------------------------------------
+
+
+def test_noisy_neighbour_victim_bounded_under_drr():
+    """B's p99 under DRR stays within its idle-system p99 + two full-batch service times."""
+    bound = alone_p99_ms() + 2 * FULL_BATCH_S * 1000
+    for burst in (1_000, 10_000, 20_000):
+        assert p99_ms(noisy(burst, "drr"), VICTIM) <= bound
+
+
+def test_noisy_neighbour_victim_does_not_grow_with_burst():
+    """Growing A's burst 1,000 -> 20,000 does not move B's p99 under DRR (1% margin)."""
+    small, big = p99_ms(noisy(1_000, "drr"), VICTIM), p99_ms(noisy(20_000, "drr"), VICTIM)
+    assert big <= small * 1.01
+
+
+def test_noisy_neighbour_fifo_grows_with_burst():
+    """Under FIFO, B waits behind the burst: its p99 grows with it, >= 50x DRR at 10,000."""
+    f1, f10, f20 = (p99_ms(noisy(b, "fifo"), VICTIM) for b in (1_000, 10_000, 20_000))
+    assert f1 < f10 < f20
+    assert f20 >= 15 * f1
+    assert f10 >= 50 * p99_ms(noisy(10_000, "drr"), VICTIM)
+
+
+def test_noisy_neighbour_jain():
+    """DRR: no two orgs wait together (index n/a); FIFO: B waits, served nothing (0.5)."""
+    assert noisy(10_000, "drr").summary()["jain_index"] is None
+    assert noisy(10_000, "fifo").summary()["jain_index"] == pytest.approx(0.5)
+
+
+def test_throughput_drr_at_least_98_percent_of_fifo():
+    """Fairness costs no throughput: DRR serves >= 98% of FIFO's requests per second."""
+    for drr, fifo in (
+        (noisy(10_000, "drr"), noisy(10_000, "fifo")),
+        (simulate(WEIGHTED, backlogged(["weight-1", "weight-3"], 1_000)),
+         simulate(WEIGHTED, backlogged(["weight-1", "weight-3"], 1_000),
+                  SimSettings(policy="fifo"))),
+    ):
+        assert drr.summary()["throughput_rps"] >= 0.98 * fifo.summary()["throughput_rps"]
+
+
+# -- backlogged orgs -----------------------------------------------------------
+
+
+def test_backlogged_equal_weights_jain():
+    """Four equal-weight orgs, all backlogged: Jain's index on served cost >= 0.99."""
+    orgs = ["bulkcorp", "quiet-1", "quiet-2", "searchco"]
+    res = simulate(CONFIG, backlogged(orgs, 1_000))
+    g = res.main_group
+    assert set(g.orgs) == set(orgs) and g.batches > 20
+    assert res.summary()["jain_index"] >= 0.99
+
+
+def test_backlogged_weights_proportional():
+    """Weights 1:2:3:4, all backlogged: served cost within 5% of the weight shares."""
+    res = simulate(WEIGHTED, backlogged(["weight-1", "weight-2", "weight-3", "weight-4"], 2_000))
+    g = res.main_group
+    assert len(g.orgs) == 4
+    total = sum(g.served.values())
+    for org in g.orgs:
+        want = WEIGHTED.orgs[org].weight / 10
+        assert g.served[org] / total == pytest.approx(want, rel=0.05)
+    assert res.summary()["jain_index"] >= 0.99
+
+
+def test_tiers_strict_in_simulation():
+    """An enterprise org's requests overtake a standard burst: served in the next batch."""
+    recs = noisy_neighbour(2_000, victim="acme")
+    res = simulate(CONFIG, recs)
+    assert p99_ms(res, "acme") <= 2 * FULL_BATCH_S * 1000 + 50
+
+
+def test_adaptive_cost_learns_from_feedback():
+    """The rerank lane (adaptive cost) is fed batch timings and still serves everyone."""
+    recs = [TraceRecord(ts=i / 100, org=org, endpoint="rerank", tokens=200, id=f"{org}-{i}")
+            for i in range(300) for org in ("quiet-1", "quiet-2")]
+    res = simulate(CONFIG, sorted(recs, key=lambda r: r.ts))
+    lane_cost = res.outcomes[0].cost
+    assert all(o.status == "ok" for o in res.outcomes) and lane_cost is not None
+
+
+# -- admission -----------------------------------------------------------------
+
+
+def test_rate_limits_reject_the_burst_not_the_victim():
+    """With admission on, bulkcorp's 20,000/s limit rejects its excess; B is never rejected."""
+    res = simulate(CONFIG, noisy_neighbour(30_000), SimSettings(admission=PipelineAdmission(
+        CONFIG, throttle=False)))
+    s = res.summary()
+    a = s["orgs"]["bulkcorp"]
+    assert 20_000 <= a["completed"] <= 21_500 and a["rejected"] == 30_000 - a["completed"]
+    assert s["rejections"] == {"rejected: rate_limited": a["rejected"]}
+    assert s["orgs"][VICTIM]["rejected"] == 0 and s["orgs"][VICTIM]["completed"] == 5
+
+
+def test_overload_rejects_beyond_max_held():
+    """``max_held_requests`` caps what the scheduler holds: the rest is ``overloaded``."""
+    cfg = parse_config((EXAMPLES / "config.toml").read_text().replace(
+        "max_held_requests = 100000", "max_held_requests = 500"))
+    res = simulate(cfg, noisy_neighbour(2_000), SimSettings(admission=PipelineAdmission(
+        cfg, rate_limits=False, throttle=False)))
+    reasons = {o.reason for o in res.outcomes if o.status == "rejected"}
+    assert reasons == {"overloaded"}
+
+
+# -- command line --------------------------------------------------------------
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_cli_json_has_the_documented_keys(tmp_path, capsys):
+    """``simulate --json`` writes per-org counts and latencies, throughput and Jain's index."""
+    trace = tmp_path / "t.jsonl"
+    from scheduler.trace import write_trace
+
+    write_trace(trace, noisy_neighbour(500))
+    out = tmp_path / "s.json"
+    assert run(parse("--config", str(EXAMPLES / "config.toml"), "--trace", str(trace),
+                     "--policy", "fifo", "--json", str(out))) == 0
+    s = json.loads(out.read_text())
+    for org in ("bulkcorp", VICTIM):
+        row = s["orgs"][org]
+        for k in ("requests", "completed", "rejected", "expired", "served_cost"):
+            assert k in row
+        assert set(row["latency_ms"]) == {"p50", "p90", "p99", "max"}
+    assert s["orgs"][VICTIM]["requests"] == 5
+    assert "throughput_rps" in s and "jain_index" in s and s["meta"]["policy"] == "fifo"
+    printed = capsys.readouterr().out
+    assert "bulkcorp" in printed and "p99 ms" in printed
+
+
+def test_cli_reports_bad_trace(tmp_path, capsys):
+    """A bad trace line is a clear error and exit code 2, not a traceback."""
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"ts": 0, "org": "a", "endpoint": "embed"}\n')
+    assert run(parse("--config", str(EXAMPLES / "config.toml"), "--trace", str(trace))) == 2
+    assert "bad.jsonl:1: field `tokens`" in capsys.readouterr().err
