@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from plumbing.kafka import KafkaSettings, make_admin, make_consumer, make_producer
 from plumbing.topics import ensure_topics, wait_for_topics
+from producer.client import FairnessClient
 from producer.service import AdmissionService, AdmissionSettings
 from schemas.codec import codec_for, format_from_headers
 from schemas.config import load_config
@@ -223,3 +225,55 @@ async def test_stop_finishes_and_commits(kafka_settings, topic_prefix, config_pa
     finally:
         await admin.close()
     assert sum(max(0, meta.offset) for meta in offsets.values()) == 5
+
+
+# -- the client library --------------------------------------------------------
+
+
+async def test_client_round_trip_through_admission(service, kafka_settings, topic_prefix):
+    """A client's request refused by admission comes back once, on the client's own reply topic."""
+    async with FairnessClient(kafka_settings, service.config) as client:
+        assert client.reply_topic.startswith(f"{topic_prefix}replies.")
+        request_id = await client.submit({"org": "trial", "endpoint": "embed", "priority": 7,
+                                          "input": {"type": "embed", "texts": ["a b"]}})
+        result = await client.result(request_id, timeout=15)
+    assert result.id == request_id
+    assert (result.status, result.reason) == ("invalid", "priority_above_cap")
+    assert "cap of 2" in result.message
+
+
+async def test_client_delivers_each_result_once(kafka_settings, topic_prefix):
+    """Redelivered results are dropped: results() yields each id once, in arrival order."""
+    async with FairnessClient(kafka_settings, topic_prefix) as client:
+        producer = make_producer(kafka_settings)
+        await producer.start()
+        try:
+            for rid in ("a", "b", "a", "b", "c"):
+                value = codec_for(Result).encode(Result(id=rid, status="ok"), "json")
+                await producer.send_and_wait(client.reply_topic, value, key=rid.encode())
+        finally:
+            await producer.stop()
+        got = []
+        async with asyncio.timeout(15):
+            async for result in client.results():
+                got.append(result.id)
+                if len(got) == 3:
+                    break
+        assert got == ["a", "b", "c"]
+        await _until(lambda: client.duplicates == 2, "the copies to be dropped")
+        with pytest.raises(TimeoutError, match="'a'"):
+            await client.result("a", timeout=0.2)
+
+
+async def test_submit_command_prints_the_result(service, kafka_settings, topic_prefix,
+                                                config_path, capsys):
+    """`serving-fairness submit` prints the result as JSON and exits 1 when it is not ok."""
+    from plumbing.cli import main
+
+    argv = ["submit", "--config", str(config_path), "--org", "nobody", "--endpoint", "embed",
+            "--text", "hello", "--bootstrap", kafka_settings.bootstrap, "--timeout-s", "15"]
+    assert await asyncio.to_thread(main, argv) == 1
+    out = capsys.readouterr().out.splitlines()
+    # Service log lines share stdout in this process; the result is the indented JSON block.
+    printed = json.loads("\n".join(out[out.index("{"):]))
+    assert (printed["status"], printed["reason"]) == ("invalid", "unknown_org")

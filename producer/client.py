@@ -1,0 +1,342 @@
+"""The client library for upstream services: submit a request, await its one result.
+
+::
+
+    async with FairnessClient(settings, config) as client:
+        request_id = await client.submit({"org": "acme", "endpoint": "embed",
+                                          "input": {"type": "embed", "texts": ["hi"]}})
+        result = await client.result(request_id, timeout=30)
+
+Each client reads results from a reply topic of its own,
+``<prefix>replies.<client-id>`` (created on start, one partition), unless one
+is given. Results can arrive more than once (a scheduler replay, a worker
+redelivery); the client delivers each request id's result **once**: to the
+caller awaiting :meth:`FairnessClient.result` for that id if there is one,
+else to the next reader of :meth:`FairnessClient.results` (or a later
+``result(id)`` call). Later copies are dropped. The client remembers the last
+``remember_ids`` delivered ids for that.
+
+Only results that arrive after the client started are read: a given,
+shared reply topic may hold older ones (records older than the start minus
+``clock_skew_ms`` are skipped).
+
+Also the ``submit`` subcommand: send one request, print its result as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Self
+
+import msgspec
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+
+from plumbing.kafka import (
+    KafkaSettings,
+    add_kafka_arguments,
+    make_consumer,
+    make_producer,
+    settings_from_args,
+)
+from plumbing.logs import get_logger
+from plumbing.topics import ensure_topics
+from schemas.codec import DecodeError, Format, codec_for, content_type, format_from_headers
+from schemas.config import Config, ConfigError, load_config
+from schemas.messages import Request, Result
+from schemas.topics import Topics
+
+__all__ = ["FairnessClient", "add_arguments", "result_for_display", "run"]
+
+log = get_logger("client")
+
+_request_codec = codec_for(Request)
+_result_codec = codec_for(Result)
+_ILLEGAL = re.compile(r"[^A-Za-z0-9._\-]")
+
+
+class FairnessClient:
+    """Submits requests to the ingress topic and hands back each result once.
+
+    ``config_or_prefix`` is the deployment's :class:`Config` or just its
+    topic prefix (then the reply prefix is the default ``replies.``).
+    Fixed at construction: topics, encoding, client id. The delivery tables
+    are mutated only by the reader task and the public coroutines.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        config_or_prefix: Config | str = "sf.",
+        reply_topic: str | None = None,
+        *,
+        client_id: str | None = None,
+        wire_format: Format = "json",
+        remember_ids: int = 100_000,
+        clock_skew_ms: int = 60_000,
+    ):
+        if isinstance(config_or_prefix, Config):
+            self.topics = Topics.of(config_or_prefix)
+            reply_prefix = self.topics.reply_prefix(config_or_prefix)
+        else:
+            self.topics = Topics(config_or_prefix)
+            reply_prefix = f"{config_or_prefix}replies."
+        self.settings = settings
+        self.client_id = client_id or f"{settings.client_id}-{uuid.uuid4().hex[:12]}"
+        self._owns_topic = reply_topic is None
+        self.reply_topic = reply_topic or reply_prefix + _ILLEGAL.sub("-", self.client_id)
+        #: Encoding of submitted requests (results come back in the same).
+        self.wire_format: Format = wire_format
+        #: How many delivered ids are remembered to drop later copies.
+        self.remember_ids = remember_ids
+        #: Results stamped this long before the start still count (clock skew).
+        self.clock_skew_ms = clock_skew_ms
+        self.duplicates = 0
+        self._producer = None
+        self._consumer = None
+        self._reader: asyncio.Task | None = None
+        self._waiters: dict[str, asyncio.Future[Result]] = {}
+        self._ready: OrderedDict[str, Result] = OrderedDict()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._arrived = asyncio.Event()
+        self._started_ms = 0
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Create the reply topic if it is ours, connect, and start reading results."""
+        self._started_ms = int(time.time() * 1000)
+        counts = await ensure_topics(self.settings, {self.reply_topic: 1})
+        self._producer = make_producer(self.settings)
+        await self._producer.start()
+        self._consumer = make_consumer(self.settings, group_id=None)
+        await self._consumer.start()
+        tps = [TopicPartition(self.reply_topic, p) for p in range(counts[self.reply_topic])]
+        self._consumer.assign(tps)
+        if self._owns_topic:
+            await self._consumer.seek_to_beginning(*tps)
+        else:
+            # Tansu gets seek_to_end wrong: find the start by time instead.
+            since = self._started_ms - self.clock_skew_ms
+            found = await self._consumer.offsets_for_times({tp: since for tp in tps})
+            missing = [tp for tp in tps if found.get(tp) is None]
+            ends = await self._consumer.end_offsets(missing) if missing else {}
+            for tp in tps:
+                hit = found.get(tp)
+                self._consumer.seek(tp, hit.offset if hit is not None else ends[tp])
+        self._reader = asyncio.create_task(self._read(), name=f"client-{self.client_id}")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
+        for fut in self._waiters.values():
+            fut.cancel()
+        self._waiters.clear()
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    # -- requests and results ------------------------------------------
+
+    async def submit(self, request: Request | Mapping[str, Any]) -> str:
+        """Send ``request`` to the ingress topic; returns its id.
+
+        A dict gets an ``id`` (random), a ``reply_to`` (this client's topic)
+        and a ``created_ms`` (now) when it has none, then is checked against
+        the schema (``msgspec.ValidationError`` names a bad field). A
+        :class:`Request` gets ``reply_to`` and ``created_ms`` the same way.
+        """
+        if self._producer is None:
+            raise RuntimeError("FairnessClient is not started (use `async with`)")
+        now = int(time.time() * 1000)
+        if isinstance(request, Request):
+            req = msgspec.structs.replace(
+                request,
+                reply_to=request.reply_to or self.reply_topic,
+                created_ms=request.created_ms if request.created_ms is not None else now,
+            )
+        else:
+            fields = dict(request)
+            fields.setdefault("id", uuid.uuid4().hex)
+            fields.setdefault("reply_to", self.reply_topic)
+            fields.setdefault("created_ms", now)
+            req = msgspec.convert(fields, Request)
+        await self._producer.send_and_wait(
+            self.topics.ingress,
+            _request_codec.encode(req, self.wire_format),
+            key=req.org.encode(),
+            headers=[("content-type", content_type(self.wire_format).encode())],
+        )
+        return req.id
+
+    async def result(self, request_id: str, timeout: float | None = 30.0) -> Result:
+        """The result of ``request_id``; raises ``TimeoutError`` naming the id after ``timeout`` s."""
+        ready = self._ready.pop(request_id, None)
+        if ready is not None:
+            return ready
+        fut = self._waiters.get(request_id)
+        if fut is None:
+            fut = self._waiters[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no result for request {request_id!r} within {timeout} s "
+                f"on reply topic {self.reply_topic!r}"
+            ) from None
+        finally:
+            if fut.done() or self._waiters.get(request_id) is fut:
+                self._waiters.pop(request_id, None)
+
+    async def results(self) -> AsyncIterator[Result]:
+        """Every result not awaited by :meth:`result`, in arrival order, each id once."""
+        while True:
+            while self._ready:
+                _id, res = self._ready.popitem(last=False)
+                yield res
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    # -- reading ---------------------------------------------------------
+
+    async def _read(self) -> None:
+        oldest_ms = self._started_ms - self.clock_skew_ms
+        while True:
+            try:
+                batches = await self._consumer.getmany(timeout_ms=200)
+            except KafkaError as e:
+                log.warning("result_fetch_failed", topic=self.reply_topic, error=repr(e))
+                await asyncio.sleep(0.5)
+                continue
+            for records in batches.values():
+                for rec in records:
+                    if rec.timestamp is not None and 0 <= rec.timestamp < oldest_ms:
+                        continue
+                    try:
+                        res = _result_codec.decode(rec.value, format_from_headers(rec.headers))
+                    except DecodeError as e:
+                        log.warning("result_undecodable", topic=rec.topic, offset=rec.offset,
+                                    error=str(e))
+                        continue
+                    self._deliver(res)
+
+    def _deliver(self, res: Result) -> None:
+        if res.id in self._seen:
+            self.duplicates += 1
+            return
+        self._seen[res.id] = None
+        while len(self._seen) > self.remember_ids:
+            self._seen.popitem(last=False)
+        fut = self._waiters.pop(res.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(res)
+            return
+        self._ready[res.id] = res
+        while len(self._ready) > self.remember_ids:  # nobody is collecting: keep the newest
+            self._ready.popitem(last=False)
+        self._arrived.set()
+
+
+# -- the `submit` subcommand ---------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``serving-fairness submit``."""
+    parser.add_argument("--config", required=True, help="the deployment's TOML configuration")
+    parser.add_argument("--org", required=True)
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--text", action="append", default=[],
+                        help="a text to embed (repeat for several)")
+    parser.add_argument("--query", help="rerank: the query")
+    parser.add_argument("--doc", action="append", default=[],
+                        help="rerank: a document (repeat for several)")
+    parser.add_argument("--top-n", type=int, default=None, help="rerank: keep the best N")
+    parser.add_argument("--priority", type=int, default=0)
+    parser.add_argument("--deadline-ms", type=int, default=None)
+    parser.add_argument("--id", default=None, help="request id (default: random)")
+    parser.add_argument("--timeout-s", type=float, default=60.0,
+                        help="how long to wait for the result (default 60)")
+    parser.add_argument("--full", action="store_true",
+                        help="print whole embedding vectors (default: dimension and first 8)")
+    add_kafka_arguments(parser)
+
+
+def _build_request(args: argparse.Namespace) -> dict[str, Any]:
+    if args.text and (args.query or args.doc):
+        raise ValueError("give --text (embed) or --query with --doc (rerank), not both")
+    if args.text:
+        inp: dict[str, Any] = {"type": "embed", "texts": args.text}
+    elif args.query is not None and args.doc:
+        inp = {"type": "rerank", "query": args.query, "documents": args.doc}
+        if args.top_n is not None:
+            inp["top_n"] = args.top_n
+    else:
+        raise ValueError("give --text (embed) or --query with at least one --doc (rerank)")
+    req: dict[str, Any] = {"org": args.org, "endpoint": args.endpoint, "input": inp,
+                           "priority": args.priority}
+    if args.deadline_ms is not None:
+        req["deadline_ms"] = args.deadline_ms
+    if args.id:
+        req["id"] = args.id
+    return req
+
+
+def result_for_display(result: Result, *, full: bool = False) -> dict[str, Any]:
+    """The result as plain JSON data; embeddings shortened to dimension and head unless ``full``."""
+    data = msgspec.to_builtins(result)
+    if not full and data.get("embeddings"):
+        data["embeddings"] = [{"dim": len(v), "head": v[:8]} for v in data["embeddings"]]
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    """Send one request and print its result; exit 0 for ``ok``, 1 otherwise."""
+    try:
+        config = load_config(args.config)
+        request = _build_request(args)
+    except (ConfigError, ValueError) as e:
+        print(f"serving-fairness submit: {e}", file=sys.stderr)
+        return 2
+    settings = settings_from_args(args)
+    if settings.bootstrap is None:
+        print("serving-fairness submit: give --bootstrap (or SF_BOOTSTRAP) of the cluster the "
+              "pipeline runs on", file=sys.stderr)
+        return 2
+    return asyncio.run(_submit(settings, config, request, args.timeout_s, args.full))
+
+
+async def _submit(settings: KafkaSettings, config: Config, request: dict[str, Any],
+                  timeout_s: float, full: bool) -> int:
+    async with FairnessClient(settings, config) as client:
+        try:
+            request_id = await client.submit(request)
+        except msgspec.ValidationError as e:
+            print(f"serving-fairness submit: invalid request: {e}", file=sys.stderr)
+            return 2
+        try:
+            result = await client.result(request_id, timeout=timeout_s)
+        except TimeoutError as e:
+            print(f"serving-fairness submit: {e}", file=sys.stderr)
+            return 1
+    print(json.dumps(result_for_display(result, full=full), indent=2))
+    return 0 if result.status == "ok" else 1
