@@ -148,7 +148,7 @@ class FlowControl:
         w.slots = ev.slots
         w.in_hand = frozenset(ev.in_flight)
         for batch_id in ev.in_flight:
-            if batch_id not in w.outstanding:
+            if batch_id not in w.outstanding and batch_id != ev.batch_id:
                 self._add(w, batch_id, seen)
         self._set_partitions(w, ev.partitions, seen)
         return Observed(accepted=True, joined=joined, done_batch=done)

@@ -70,6 +70,11 @@ class OffsetTracker:
         else:
             del p.held[offset]  # its heap slot is dropped lazily
 
+    def position(self, tp: Hashable) -> int | None:
+        """Last consumed offset + 1 (None before the first record)."""
+        p = self._parts.get(tp)
+        return p.next if p is not None else None
+
     def held(self, tp: Hashable) -> int:
         p = self._parts.get(tp)
         return len(p.held) if p is not None else 0

@@ -1,0 +1,751 @@
+"""The scheduler service: the pure core (:mod:`scheduler.core`) on Kafka.
+
+It reads every ``requests.<tier>`` topic (group ``<prefix>scheduler``,
+manual commits) and holds the admitted requests in the core; it reads the
+workers' events (no group: every scheduler instance needs all of them) and
+keeps the slot registry (:mod:`scheduler.flow`); and whenever a worker has a
+free slot and a lane holds work, it asks the core for the next batch and
+writes it to a partition that worker owns. The fairness decision is made
+the moment a GPU can take the batch, never earlier (see ``docs/protocol.md``).
+
+Tasks, all on one event loop, sharing state without locks (no await between
+reading and changing it):
+
+* one **intake** task per consumer (tier topics; worker events) decodes
+  records, updates the core or the slot registry at once, and sets a wake-up
+  event;
+* the **dispatch** loop waits on that event or on the next timer (the
+  earliest deadline of a held request, a worker timeout, the state
+  snapshot), then expires, dispatches and publishes. It reacts to a worker
+  event within the fetch latency plus microseconds;
+* the **commit** loop commits tier offsets up to the oldest held request
+  (:mod:`scheduler.offsets`); a batch or an ``expired`` result counts as
+  done only once the broker acknowledged it.
+
+Never dies on bad input: an undecodable tier record goes to the dead-letter
+topic, and its sender gets an ``invalid`` result when its address can still
+be read. Memory is bounded: at ``service.max_held_requests`` held, the tier
+consumers pause; they resume below 90 % of it.
+
+Stop (SIGTERM/SIGINT): stop fetching, let acknowledged work commit, commit
+nothing still held (a restart replays it), log totals. SIGHUP reloads the
+configuration file; an invalid one is refused and the old one stays.
+
+Caveat: a revoked tier partition's held requests stay held and are still
+dispatched (the new owner replays them too: a duplicate, which results by
+request id absorb); the core has no removal by id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Self
+
+import msgspec
+import structlog
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from plumbing.deadletter import send_dead_letter
+from plumbing.kafka import (
+    KafkaSettings,
+    add_kafka_arguments,
+    kafka_endpoint,
+    make_consumer,
+    make_producer,
+    settings_from_args,
+    stop_consumer,
+)
+from plumbing.telemetry import TelemetryServer
+from plumbing.topics import ensure_topics
+from scheduler.core import Policy, Scheduler
+from scheduler.entry import Entry
+from scheduler.flow import FlowControl, LostWorker
+from scheduler.metrics import SchedulerMetrics
+from scheduler.offsets import OffsetTracker
+from scheduler.snapshot import Backlog, ServiceRate, lane_state
+from schemas.codec import DecodeError, codec_for, content_type, format_from_headers
+from schemas.config import Config, ConfigError, load_config
+from schemas.messages import AdmittedRequest, Batch, Result, SchedulerState, WorkerEvent
+from schemas.topics import Topics
+
+__all__ = ["SchedulerService", "SchedulerSettings", "add_arguments", "run"]
+
+log = structlog.get_logger("scheduler")
+
+_request_codec = codec_for(AdmittedRequest)
+_batch_codec = codec_for(Batch)
+_result_codec = codec_for(Result)
+_event_codec = codec_for(WorkerEvent)
+_state_codec = codec_for(SchedulerState)
+_MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
+
+
+class _ReplyAddress(msgspec.Struct):
+    """What can still be read from a broken request: enough to answer it."""
+
+    id: str
+    reply_to: str
+    org: str = ""
+    endpoint: str = ""
+    reply_format: str = "json"
+
+
+_address_decoders = {
+    "json": msgspec.json.Decoder(_ReplyAddress),
+    "msgpack": msgspec.msgpack.Decoder(_ReplyAddress),
+}
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """How the service runs (the fairness settings are in the configuration file)."""
+
+    #: ``drr`` (fair) or ``fifo`` (the baseline, for comparisons).
+    policy: Policy = "drr"
+    #: How often tier offsets are committed. Lower replays less after a crash,
+    #: at one commit request per interval.
+    commit_interval_ms: int = 500
+    #: Records taken per fetch; also the most the held count can overshoot
+    #: ``max_held_requests`` by before the consumers pause.
+    max_poll_records: int = 500
+    #: Orgs listed in each lane's ``org_held_tokens`` snapshot.
+    state_top_orgs: int = 20
+    #: Producer linger for batches and results. 0: a batch goes out the
+    #: moment a slot frees (the producer still batches while a send is in flight).
+    linger_ms: int = 0
+    metrics_host: str = "127.0.0.1"
+    #: None: no HTTP endpoint (in-process tests); 0 picks a free port.
+    metrics_port: int | None = None
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, service: SchedulerService):
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked):
+        await self.service._on_revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned):
+        self.service._on_assigned(list(assigned))
+
+
+class SchedulerService:
+    """The fair scheduler on Kafka: ``async with SchedulerService(...) as s: await s.run()``."""
+
+    def __init__(self, config: Config, kafka: KafkaSettings, *,
+                 settings: SchedulerSettings | None = None,
+                 registry: CollectorRegistry | None = None):
+        self.config = config
+        self.kafka = kafka
+        self.settings = settings or SchedulerSettings()
+        self.topics = Topics.of(config)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = SchedulerMetrics(self.registry)
+        self.core = Scheduler(config, self.settings.policy)
+        self.flow = FlowControl(config.service.worker_timeout_ms)
+        self.offsets = OffsetTracker()
+        self.backlog = Backlog()
+        self.rates = ServiceRate()
+        self.instance = uuid.uuid4().hex[:8]
+        self._origin: dict[str, tuple[TopicPartition, int]] = {}
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._pending: set[asyncio.Future] = set()
+        self._producer = None
+        self._tier_consumer = None
+        self._event_consumer = None
+        self._telemetry: TelemetryServer | None = None
+        self._assigned: set[TopicPartition] = set()
+        self._paused = False
+        self._batch_seq = 0
+        self._rounds: dict[str, int] = {}
+        self._next_state_s = 0.0
+        self._tasks: list[asyncio.Task] = []
+        self.totals = {"received": 0, "dispatched": 0, "batches": 0, "expired": 0,
+                       "invalid": 0, "duplicates": 0}
+        self.started = False
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Create the topics, connect, join the tier group and read recent worker events."""
+        cfg = self.config
+        await ensure_topics(self.kafka, self.topics.all(cfg))
+        self._producer = make_producer(self.kafka, linger_ms=self.settings.linger_ms)
+        await self._producer.start()
+        self._tier_consumer = make_consumer(
+            self.kafka, group_id=f"{self.topics.prefix}scheduler",
+            max_poll_records=self.settings.max_poll_records)
+        self._tier_consumer.subscribe(self._tier_topics(cfg), listener=_Listener(self))
+        await self._tier_consumer.start()
+        self._event_consumer = make_consumer(self.kafka, group_id=None)
+        await self._event_consumer.start()
+        await self._seek_recent_events()
+        if self.settings.metrics_port is not None:
+            self._telemetry = TelemetryServer(self.registry, self.readiness,
+                                              host=self.settings.metrics_host,
+                                              port=self.settings.metrics_port)
+            await self._telemetry.start()
+        self.started = True
+        log.info("scheduler_started", policy=self.settings.policy, instance=self.instance,
+                 tiers=cfg.tier_names, endpoints=list(cfg.endpoints),
+                 metrics_port=self._telemetry.port if self._telemetry else None)
+
+    async def run(self) -> None:
+        """Serve until :meth:`request_stop` (or cancellation)."""
+        self._tasks = [
+            asyncio.create_task(self._tier_loop(), name="scheduler-tiers"),
+            asyncio.create_task(self._event_loop(), name="scheduler-events"),
+            asyncio.create_task(self._dispatch_loop(), name="scheduler-dispatch"),
+            asyncio.create_task(self._commit_loop(), name="scheduler-commit"),
+        ]
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait([stop, *self._tasks],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()
+        finally:
+            stop.cancel()
+            await self._cancel_tasks()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to return (signal handlers call this)."""
+        self._stopping.set()
+
+    async def stop(self) -> None:
+        """Stop fetching, let acknowledged work commit, close; held requests stay uncommitted."""
+        self._stopping.set()
+        await self._cancel_tasks()
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=5)
+        with contextlib.suppress(Exception):
+            await self._commit()
+        for consumer in (self._tier_consumer, self._event_consumer):
+            if consumer is not None:
+                with contextlib.suppress(Exception):
+                    await stop_consumer(consumer)
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+        if self._telemetry is not None:
+            await self._telemetry.stop()
+        self._tier_consumer = self._event_consumer = self._producer = None
+        if self.started:
+            log.info("scheduler_stopped", held=self.core.held, **self.totals)
+        self.started = False
+
+    async def _cancel_tasks(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._producer is None:
+            return False, "producer not started"
+        if not self._assigned:
+            return False, "no tier partition assigned"
+        return True, f"ok: {len(self._assigned)} tier partitions, {self.core.held} held"
+
+    # -- configuration ---------------------------------------------------------
+
+    def _tier_topics(self, cfg: Config) -> list[str]:
+        return [self.topics.tier(t) for t in cfg.tier_names]
+
+    async def reload(self, config: Config) -> None:
+        """Apply a new configuration without dropping a held request."""
+        if config.service.topic_prefix != self.config.service.topic_prefix:
+            raise ConfigError(["service.topic_prefix cannot change while running"])
+        await ensure_topics(self.kafka, self.topics.all(config))
+        old_topics = self._tier_topics(self.config)
+        self.core.reconfigure(config)
+        self.flow.worker_timeout_ms = config.service.worker_timeout_ms
+        self.config = config
+        if self._tier_topics(config) != old_topics and self._tier_consumer is not None:
+            self._tier_consumer.subscribe(self._tier_topics(config), listener=_Listener(self))
+        self._wake.set()
+        log.info("config_reloaded", tiers=config.tier_names, endpoints=list(config.endpoints))
+
+    async def reload_file(self, path: str) -> bool:
+        """SIGHUP: load ``path``; an invalid file is refused with every problem logged."""
+        try:
+            config = load_config(path)
+            await self.reload(config)
+        except ConfigError as e:
+            log.error("config_refused", path=path, problems=e.problems)
+            return False
+        return True
+
+    # -- intake: tier topics ---------------------------------------------------
+
+    def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        self._assigned = set(assigned)
+        if self._paused:
+            self._tier_consumer.pause(*assigned)
+        log.info("tier_partitions_assigned", partitions=len(assigned))
+
+    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        with contextlib.suppress(Exception):
+            await self._commit(only=set(revoked))
+        for tp in revoked:
+            self.offsets.forget(tp)
+        self._assigned -= set(revoked)
+
+    async def _tier_loop(self) -> None:
+        consumer = self._tier_consumer
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000)
+            for tp, records in batches.items():
+                for rec in records:
+                    await self._take_record(tp, rec)
+            if batches:
+                self._check_pressure()
+                self._wake.set()
+
+    async def _take_record(self, tp: TopicPartition, rec) -> None:
+        try:
+            fmt = format_from_headers(rec.headers)
+            req = _request_codec.decode(rec.value, fmt,
+                                        max_bytes=self.config.service.max_message_bytes)
+        except DecodeError as e:
+            await self._reject_record(rec, e.reason, str(e))
+            self.offsets.consumed(tp, rec.offset)
+            return
+        if req.endpoint not in self.core.lanes:
+            await self._reject_record(rec, "unknown_endpoint",
+                                      f"endpoint {req.endpoint!r} is not configured")
+            self.offsets.consumed(tp, rec.offset)
+            return
+        tier = self._tier_of(req.tier)
+        entry = Entry(req.id, req.org, tier, req.tokens, priority=req.priority,
+                      deadline=None if req.deadline_at_ms is None else req.deadline_at_ms / 1000,
+                      arrival=time.time(), payload=req)
+        self.totals["received"] += 1
+        self.metrics.received.labels(tier).inc()
+        if self.core.push(req.endpoint, entry):
+            self.offsets.hold(tp, rec.offset)
+            self._origin[req.id] = (tp, rec.offset)
+            self.backlog.add(req.endpoint, tier, req.org, req.tokens)
+        else:
+            self.totals["duplicates"] += 1
+            self.metrics.duplicates.labels(tier).inc()
+            self.offsets.consumed(tp, rec.offset)
+
+    def _tier_of(self, tier: str) -> str:
+        names = self.config.tier_names
+        return tier if tier in names else names[-1]
+
+    async def _reject_record(self, rec, reason: str, error: str) -> None:
+        """Dead-letter a tier record and answer its sender if the address is readable."""
+        self.totals["invalid"] += 1
+        self.metrics.failures.labels(reason).inc()
+        log.warning("request_invalid", topic=rec.topic, partition=rec.partition,
+                    offset=rec.offset, reason=reason, error=error[:300])
+        try:
+            await send_dead_letter(self._producer, self.topics.dead_letters, rec, reason, error)
+        except KafkaError as e:
+            log.error("dead_letter_failed", error=repr(e))
+        addr = self._reply_address(rec)
+        if addr is None:
+            return
+        result = Result(id=addr.id, status="invalid", org=addr.org, endpoint=addr.endpoint,
+                        reason=reason, message=error[:1000],
+                        completed_ms=int(time.time() * 1000))
+        fmt = "msgpack" if addr.reply_format == "msgpack" else "json"
+        try:
+            await self._send_result(addr.reply_to, result, fmt)
+        except KafkaError as e:
+            log.error("result_send_failed", request_id=addr.id, error=repr(e))
+
+    def _reply_address(self, rec) -> _ReplyAddress | None:
+        reply_prefix = self.topics.reply_prefix(self.config)
+        for fmt in ("msgpack", "json"):
+            try:
+                addr = _address_decoders[fmt].decode(rec.value or b"")
+            except (msgspec.DecodeError, ValueError, RecursionError):
+                continue
+            ok_topic = addr.reply_to == self.topics.results or addr.reply_to.startswith(reply_prefix)
+            if ok_topic and addr.id:
+                return addr
+        return None
+
+    def _check_pressure(self) -> None:
+        limit = self.config.service.max_held_requests
+        consumer = self._tier_consumer
+        if not self._paused and self.core.held >= limit:
+            self._paused = True
+            consumer.pause(*consumer.assignment())
+            self.metrics.paused.set(1)
+            log.warning("intake_paused", held=self.core.held, max_held_requests=limit)
+        elif self._paused and self.core.held < 0.9 * limit:
+            self._paused = False
+            consumer.resume(*consumer.assignment())
+            self.metrics.paused.set(0)
+            log.info("intake_resumed", held=self.core.held)
+
+    # -- intake: worker events -------------------------------------------------
+
+    async def _seek_recent_events(self) -> None:
+        """Start at events younger than the worker timeout: older ones are ignored anyway."""
+        consumer = self._event_consumer
+        tp = TopicPartition(self.topics.worker_events, 0)
+        consumer.assign([tp])
+        since_ms = int(time.time() * 1000) - self.config.service.worker_timeout_ms
+        try:
+            found = await consumer.offsets_for_times({tp: since_ms})
+            at = found.get(tp)
+            if at is not None:
+                consumer.seek(tp, at.offset)
+            else:
+                # Nothing that recent. Tansu's end offset can be a little
+                # behind the true end: the few old events read are ignored.
+                end = (await consumer.end_offsets([tp])).get(tp)
+                if end is not None:
+                    consumer.seek(tp, end)
+        except KafkaError as e:
+            log.warning("worker_events_seek_failed", error=repr(e))
+
+    async def _event_loop(self) -> None:
+        consumer = self._event_consumer
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000)
+            now_ms = time.time() * 1000
+            for records in batches.values():
+                for rec in records:
+                    try:
+                        ev = _event_codec.decode_record(rec.value, rec.headers)
+                    except DecodeError as e:
+                        self.metrics.failures.labels("bad_worker_event").inc()
+                        log.warning("worker_event_invalid", offset=rec.offset, error=str(e)[:300])
+                        continue
+                    self._observe(ev, now_ms)
+            if batches:
+                self._wake.set()
+
+    def _observe(self, ev: WorkerEvent, now_ms: float) -> None:
+        obs = self.flow.observe(ev, now_ms)
+        if ev.kind == "batch_done":
+            if ev.timings and ev.endpoint in self.core.lanes:
+                self.core.feedback(ev.endpoint, [(t.org, t.tokens, t.seconds) for t in ev.timings])
+            self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000)
+        if not obs.accepted:
+            return
+        if obs.joined:
+            log.info("worker_joined", worker=ev.worker, endpoint=ev.endpoint, slots=ev.slots,
+                     partitions=ev.partitions)
+        if obs.lost is not None:
+            self._lost(obs.lost)
+
+    def _lost(self, lost: LostWorker) -> None:
+        if lost.reason == "unconfirmed":
+            log.warning("batches_forgotten", worker=lost.worker, endpoint=lost.endpoint,
+                        batch_ids=lost.forgotten)
+            return
+        self.rates.forget(lost.worker)
+        self.metrics.workers_lost.labels(lost.endpoint, lost.reason).inc()
+        log.info("worker_lost", worker=lost.worker, endpoint=lost.endpoint, reason=lost.reason,
+                 forgotten_batches=lost.forgotten)
+
+    # -- dispatch --------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        state_every_s = self.config.service.state_interval_ms / 1000
+        while True:
+            self._wake.clear()
+            now = time.time()
+            for lost in self.flow.expire(now * 1000):
+                self._lost(lost)
+            self._expired(self.core.expire(now))
+            await self._dispatch(now)
+            if self._paused:
+                self._check_pressure()
+            if now >= self._next_state_s:
+                self._next_state_s = now + state_every_s
+                self._publish_state(now)
+            await self._sleep_until_due(now)
+
+    async def _sleep_until_due(self, now: float) -> None:
+        due = [self._next_state_s]
+        if (d := self.core.next_deadline()) is not None:
+            due.append(d)
+        if (w := self.flow.next_expiry_ms()) is not None:
+            due.append(w / 1000)
+        timeout = max(0.0, min(due) - time.time()) + 0.0005
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _dispatch(self, now: float) -> None:
+        for endpoint, lane in list(self.core.lanes.items()):
+            while lane.held > 0:
+                claim = self.flow.claim(endpoint)
+                if claim is None:
+                    break
+                d = self.core.next_batch(endpoint, now)
+                self._expired(d.expired)
+                if not d.batch:
+                    break
+                self._batch_seq += 1
+                batch = Batch(
+                    id=f"{self.instance}-{self._batch_seq}",
+                    endpoint=endpoint,
+                    requests=[e.payload for e in d.batch],
+                    tokens=sum(e.tokens for e in d.batch),
+                    created_ms=int(now * 1000),
+                    worker=claim.worker,
+                )
+                self.flow.sent(claim.worker, batch.id, now * 1000)
+                for e in d.batch:
+                    self.backlog.remove(endpoint, e.tier, e.org, e.tokens)
+                await self._send_batch(endpoint, claim.partition, batch, d.batch)
+
+    async def _send_batch(self, endpoint: str, partition: int, batch: Batch,
+                          entries: list[Entry]) -> None:
+        try:
+            fut = await self._producer.send(self.topics.batches(endpoint),
+                                            _batch_codec.encode(batch), key=batch.id.encode(),
+                                            partition=partition, headers=_MSGPACK_HEADERS)
+        except KafkaError as e:
+            self._batch_failed(endpoint, batch, entries, e)
+            return
+        self._track(fut, lambda f: self._batch_acked(endpoint, partition, batch, entries, f))
+
+    def _batch_acked(self, endpoint: str, partition: int, batch: Batch, entries: list[Entry],
+                     fut: asyncio.Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            self._batch_failed(endpoint, batch, entries, fut.exception())
+            return
+        now = time.time()
+        ep = self.config.endpoints.get(endpoint)
+        m = self.metrics
+        m.batches.labels(endpoint).inc()
+        m.batch_requests.labels(endpoint).observe(len(entries))
+        if ep is not None:
+            m.batch_fill.labels(endpoint).observe(batch.tokens / ep.max_batch_tokens)
+        for e in entries:
+            self._release(e.id)
+            m.queue_wait.labels(e.tier).observe(max(0.0, now - e.payload.admitted_ms / 1000))
+        self.totals["batches"] += 1
+        self.totals["dispatched"] += len(entries)
+        log.info("batch_emitted", batch_id=batch.id, endpoint=endpoint, worker=batch.worker,
+                 partition=partition, requests=len(entries), tokens=batch.tokens,
+                 orgs=sorted({e.org for e in entries})[:10])
+
+    def _batch_failed(self, endpoint: str, batch: Batch, entries: list[Entry], error) -> None:
+        """The write failed: the requests go back into the core, the slot is freed."""
+        self.flow.done(batch.id)
+        self.metrics.failures.labels("batch_send").inc()
+        for e in entries:
+            if self.core.push(endpoint, e):
+                self.backlog.add(endpoint, e.tier, e.org, e.tokens)
+        log.error("batch_send_failed", batch_id=batch.id, endpoint=endpoint,
+                  requests=len(entries), error=repr(error))
+        self._wake.set()
+
+    def _release(self, request_id: str) -> None:
+        origin = self._origin.pop(request_id, None)
+        if origin is not None:
+            self.offsets.release(*origin)
+
+    def _expired(self, entries: Iterable[Entry]) -> None:
+        now_ms = int(time.time() * 1000)
+        for e in entries:
+            req: AdmittedRequest = e.payload
+            self.backlog.remove(req.endpoint, e.tier, e.org, e.tokens)
+            self.totals["expired"] += 1
+            self.metrics.expired.labels(req.endpoint, e.tier).inc()
+            late_ms = now_ms - (req.deadline_at_ms or now_ms)
+            log.info("request_expired", request_id=req.id, org=req.org, endpoint=req.endpoint,
+                     tier=e.tier, late_ms=late_ms)
+            result = Result(id=req.id, status="expired", org=req.org, endpoint=req.endpoint,
+                            reason="deadline_passed",
+                            message=f"the deadline passed while the request waited "
+                                    f"({late_ms} ms ago)",
+                            created_ms=req.created_ms, admitted_ms=req.admitted_ms,
+                            completed_ms=now_ms)
+            self._spawn(self._send_expired(req, result))
+
+    async def _send_expired(self, req: AdmittedRequest, result: Result) -> None:
+        try:
+            await self._send_result(req.reply_to, result, req.reply_format)
+        except KafkaError as e:
+            # Not released: the offset stays uncommitted and a restart retries.
+            self.metrics.failures.labels("result_send").inc()
+            log.error("result_send_failed", request_id=req.id, error=repr(e))
+            return
+        self._release(req.id)
+
+    async def _send_result(self, topic: str, result: Result, fmt: str) -> None:
+        await self._producer.send_and_wait(
+            topic, _result_codec.encode(result, fmt), key=result.id.encode(),
+            headers=[("content-type", content_type(fmt).encode())])
+
+    # -- state, commits --------------------------------------------------------
+
+    def _publish_state(self, now: float) -> None:
+        stats = self.core.stats()
+        lanes = {}
+        m = self.metrics
+        for endpoint, st in stats.items():
+            workers = self.flow.endpoint_workers(endpoint)
+            free = self.flow.free_slots(endpoint)
+            cost_fn = self._cost_fn(endpoint)
+            lanes[endpoint] = lane_state(
+                endpoint, held_requests=st.held, held_tokens_by_tier=st.held_tokens_by_tier,
+                held_cost_by_tier=self.backlog.cost_by_tier(endpoint, cost_fn),
+                backlog=self.backlog, tokens_per_s=self.rates.total(w.worker for w in workers),
+                free_slots=free, workers=len(workers), top_orgs=self.settings.state_top_orgs)
+            for tier, n in st.held_by_tier.items():
+                m.held_requests.labels(endpoint, tier).set(n)
+                m.held_tokens.labels(endpoint, tier).set(st.held_tokens_by_tier.get(tier, 0))
+            m.free_slots.labels(endpoint).set(free)
+            m.workers.labels(endpoint).set(len(workers))
+            prev = self._rounds.get(endpoint, 0)
+            if st.rounds > prev:
+                m.drr_rounds.labels(endpoint).inc(st.rounds - prev)
+            self._rounds[endpoint] = st.rounds
+        self._update_lag()
+        state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held)
+        self._spawn(self._send_state(state))
+
+    def _cost_fn(self, endpoint: str):
+        lane = self.core.lanes[endpoint]
+        model = lane.endpoint.cost_model
+        if model == "requests":
+            return lambda org, n, tokens: n
+        if model == "adaptive":
+            ratio = getattr(lane.cost, "ratio", lambda org: 1.0)
+            return lambda org, n, tokens: tokens * ratio(org)
+        return lambda org, n, tokens: tokens
+
+    async def _send_state(self, state: SchedulerState) -> None:
+        try:
+            await self._producer.send(self.topics.scheduler_state, _state_codec.encode(state),
+                                      headers=_MSGPACK_HEADERS)
+        except KafkaError as e:
+            log.warning("state_send_failed", error=repr(e))
+
+    def _update_lag(self) -> None:
+        consumer = self._tier_consumer
+        if consumer is None:
+            return
+        lag: dict[str, int] = {t: 0 for t in self.config.tier_names}
+        by_topic = {self.topics.tier(t): t for t in self.config.tier_names}
+        for tp in self._assigned:
+            high = consumer.highwater(tp)  # known after a fetch (Tansu's end_offsets is wrong)
+            tier = by_topic.get(tp.topic)
+            if high is None or tier is None:
+                continue
+            lag[tier] += max(0, high - (self.offsets.position(tp) or 0))
+        for tier, n in lag.items():
+            self.metrics.lag.labels(tier).set(n)
+
+    async def _commit_loop(self) -> None:
+        every = self.settings.commit_interval_ms / 1000
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._commit()
+            except KafkaError as e:
+                log.warning("commit_failed", error=repr(e))
+
+    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
+        consumer = self._tier_consumer
+        if consumer is None:
+            return
+        offsets = {tp: off for tp, off in self.offsets.to_commit().items()
+                   if tp in self._assigned and (only is None or tp in only)}
+        if not offsets:
+            return
+        await consumer.commit({tp: OffsetAndMetadata(off, "") for tp, off in offsets.items()})
+        self.offsets.committed(offsets)
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _spawn(self, coro) -> None:
+        self._track(asyncio.ensure_future(coro), None)
+
+    def _track(self, fut: asyncio.Future, callback) -> None:
+        self._pending.add(fut)
+
+        def finished(f: asyncio.Future) -> None:
+            self._pending.discard(f)
+            if callback is not None:
+                callback(f)
+            elif not f.cancelled() and f.exception() is not None:
+                log.error("background_send_failed", error=repr(f.exception()))
+        fut.add_done_callback(finished)
+
+
+# -- command line --------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``serving-fairness scheduler``."""
+    parser.add_argument("--config", required=True, help="the deployment's TOML configuration")
+    parser.add_argument("--policy", choices=["drr", "fifo"], default="drr",
+                        help="drr: fair (default); fifo: the baseline, for comparison")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve /metrics, /healthz, /readyz on this port (0: any free port)")
+    parser.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address of the metrics endpoint (0.0.0.0 in a container)")
+    parser.add_argument("--commit-interval-ms", type=int, default=500,
+                        help="how often tier offsets are committed (ms)")
+    add_kafka_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the scheduler until SIGTERM/SIGINT; SIGHUP reloads ``--config``."""
+    from plumbing.logs import configure_logging
+
+    configure_logging()
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        log.error("config_refused", path=args.config, problems=e.problems)
+        return 2
+    kafka = settings_from_args(args)
+    settings = SchedulerSettings(policy=args.policy, metrics_port=args.metrics_port,
+                                 metrics_host=args.metrics_host,
+                                 commit_interval_ms=args.commit_interval_ms)
+    return asyncio.run(_main(config, kafka, settings, args.config))
+
+
+async def _main(config: Config, kafka: KafkaSettings, settings: SchedulerSettings,
+                path: str) -> int:
+    async with kafka_endpoint(kafka) as bootstrap:
+        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
+        service = SchedulerService(config, kafka, settings=settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.request_stop)
+        reloads: set[asyncio.Task[Any]] = set()
+
+        def on_hup() -> None:
+            t = asyncio.ensure_future(service.reload_file(path))
+            reloads.add(t)
+            t.add_done_callback(reloads.discard)
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+        async with service:
+            await service.run()
+    return 0

@@ -1,0 +1,127 @@
+"""What the scheduler tells admission: who holds how much, and how fast it drains.
+
+Admission's throttle predicts a new request's wait from the latest
+:class:`~schemas.messages.SchedulerState` (see ``docs/protocol.md``): higher
+tiers' held tokens, plus, in the request's own tier, the smaller of the
+tier's held tokens and (the org's own held tokens + the request) x the
+number of active orgs, over the measured tokens per second. So per lane the
+snapshot needs, besides the core's per-tier totals:
+
+* the number of orgs with work waiting, per tier;
+* the held tokens of the orgs holding the most (bounded: an org not listed
+  holds no more than the smallest listed value);
+* the measured service rate of the lane's live workers.
+
+The core keeps orgs inside its DRR rings and does not count tokens per org,
+so :class:`Backlog` keeps those counters beside it, updated by the service
+on every push, dispatch and expiry (O(1) each). :class:`ServiceRate` keeps
+an exponential moving average of each worker's tokens per second while
+busy, from its ``batch_done`` reports. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+
+from schemas.messages import LaneState
+
+__all__ = ["Backlog", "ServiceRate", "lane_state"]
+
+
+class Backlog:
+    """Held requests and tokens per (endpoint, tier, org)."""
+
+    def __init__(self) -> None:
+        # endpoint -> tier -> org -> [requests, tokens]
+        self._held: dict[str, dict[str, dict[str, list[int]]]] = {}
+
+    def add(self, endpoint: str, tier: str, org: str, tokens: int) -> None:
+        orgs = self._held.setdefault(endpoint, {}).setdefault(tier, {})
+        c = orgs.get(org)
+        if c is None:
+            orgs[org] = [1, tokens]
+        else:
+            c[0] += 1
+            c[1] += tokens
+
+    def remove(self, endpoint: str, tier: str, org: str, tokens: int) -> None:
+        orgs = self._held.get(endpoint, {}).get(tier)
+        c = orgs.get(org) if orgs else None
+        if c is None:
+            return
+        c[0] -= 1
+        c[1] -= tokens
+        if c[0] <= 0:
+            del orgs[org]
+
+    def active_orgs(self, endpoint: str) -> dict[str, int]:
+        """Orgs with work waiting, per tier."""
+        return {t: len(orgs) for t, orgs in self._held.get(endpoint, {}).items() if orgs}
+
+    def org_tokens(self, endpoint: str) -> dict[str, int]:
+        """Held tokens per org on ``endpoint``, all tiers together."""
+        out: dict[str, int] = {}
+        for orgs in self._held.get(endpoint, {}).values():
+            for org, (_, tokens) in orgs.items():
+                out[org] = out.get(org, 0) + tokens
+        return out
+
+    def top_orgs(self, endpoint: str, n: int) -> dict[str, int]:
+        """The ``n`` orgs holding the most tokens on ``endpoint``."""
+        return dict(heapq.nlargest(n, self.org_tokens(endpoint).items(), key=lambda kv: kv[1]))
+
+    def cost_by_tier(self, endpoint: str, cost: Callable[[str, int, int], float]) -> dict[str, float]:
+        """Held cost per tier, with ``cost(org, requests, tokens)`` per org."""
+        return {
+            tier: float(sum(cost(org, r, tok) for org, (r, tok) in orgs.items()))
+            for tier, orgs in self._held.get(endpoint, {}).items()
+        }
+
+
+class ServiceRate:
+    """Tokens per second of each worker while busy: an EMA of its batch reports."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self._rate: dict[str, float] = {}
+
+    def observe(self, worker: str, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or not (seconds > 0.0) or seconds == float("inf"):
+            return
+        r = tokens / seconds
+        prev = self._rate.get(worker)
+        self._rate[worker] = r if prev is None else (1 - self.alpha) * prev + self.alpha * r
+
+    def forget(self, worker: str) -> None:
+        self._rate.pop(worker, None)
+
+    def total(self, workers: Iterable[str]) -> float:
+        """Summed rate of ``workers`` (0 for a worker never measured)."""
+        return sum(self._rate.get(w, 0.0) for w in workers)
+
+
+def lane_state(
+    endpoint: str,
+    *,
+    held_requests: int,
+    held_tokens_by_tier: dict[str, int],
+    held_cost_by_tier: dict[str, float],
+    backlog: Backlog,
+    tokens_per_s: float,
+    free_slots: int,
+    workers: int,
+    top_orgs: int,
+) -> LaneState:
+    """The snapshot of one lane for :class:`~schemas.messages.SchedulerState`."""
+    return LaneState(
+        endpoint=endpoint,
+        held_requests=held_requests,
+        held_cost_by_tier=held_cost_by_tier,
+        held_tokens_by_tier=held_tokens_by_tier,
+        tokens_per_s=tokens_per_s,
+        free_slots=free_slots,
+        workers=workers,
+        active_orgs_by_tier=backlog.active_orgs(endpoint),
+        org_held_tokens=backlog.top_orgs(endpoint, top_orgs),
+    )
