@@ -1,0 +1,113 @@
+"""BatchExecutor: one result per request, failures contained, results early."""
+
+import asyncio
+
+from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput
+from worker.execute import BatchExecutor
+from worker.fake import FakeEmbedder, FakeReranker
+
+
+async def _inline(fn, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+def req(i, texts=None, *, rerank=None, deadline=None, org="a"):
+    inp = RerankInput(query=rerank[0], documents=rerank[1]) if rerank else EmbedInput(
+        texts=texts or [f"text number {i}"])
+    return AdmittedRequest(id=f"r{i}", org=org, endpoint="e", tier="t", input=inp, tokens=3,
+                           deadline_at_ms=deadline, created_ms=1, admitted_ms=2,
+                           reply_to="sf.results")
+
+
+def batch(reqs):
+    return Batch(id="b", endpoint="e", requests=reqs, tokens=3 * len(reqs), created_ms=3)
+
+
+async def collect(ex, b):
+    steps = []
+    async for done in ex.serve(b):
+        steps.append([s.result for s in done])
+    return steps
+
+
+async def test_every_request_gets_one_ok_result_with_vectors():
+    """Each embed request comes back once, with one normalized vector per text."""
+    model = FakeEmbedder(dim=8)
+    ex = BatchExecutor(model, "embed", worker="w", max_padded_tokens=8, max_size=2,
+                       run_in_thread=_inline)
+    reqs = [req(i, [f"a b {i}", "c"]) for i in range(5)]
+    steps = await collect(ex, batch(reqs))
+    results = [r for s in steps for r in s]
+    assert sorted(r.id for r in results) == [f"r{i}" for i in range(5)]
+    assert all(r.status == "ok" and len(r.embeddings) == 2 for r in results)
+    assert results[0].embeddings[0] == model.encode(["a b 0"]).vectors[0].tolist()
+    assert len(steps) > 1  # published in several steps, not all at the end
+
+
+async def test_first_chosen_requests_come_back_first():
+    """With order kept by window, the first request's result precedes the last one's."""
+    ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", max_padded_tokens=4, max_size=1,
+                       window=1, run_in_thread=_inline)
+    steps = await collect(ex, batch([req(i, ["x " * (10 - i)]) for i in range(4)]))
+    assert [s[0].id for s in steps] == ["r0", "r1", "r2", "r3"]
+
+
+async def test_bad_request_fails_alone():
+    """A text the model chokes on fails its request only; the rest of the batch is ok."""
+
+    class Picky(FakeEmbedder):
+        def encode(self, texts, *, lengths=None):
+            if any("poison" in t for t in texts):
+                raise RuntimeError("cannot embed poison")
+            return super().encode(texts, lengths=lengths)
+
+    ex = BatchExecutor(Picky(), "embed", worker="w", run_in_thread=_inline)
+    steps = await collect(ex, batch([req(0), req(1, ["poison pill"]), req(2)]))
+    by_id = {r.id: r for s in steps for r in s}
+    assert by_id["r1"].status == "failed" and "poison" in by_id["r1"].message
+    assert by_id["r0"].status == by_id["r2"].status == "ok"
+
+
+async def test_wrong_kind_and_expired_are_answered():
+    """A rerank input on an embed endpoint is invalid; a passed deadline is expired."""
+    ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", run_in_thread=_inline)
+    steps = await collect(ex, batch([req(0, rerank=("q", ["d"])), req(1, deadline=5), req(2)]))
+    by_id = {r.id: r for s in steps for r in s}
+    assert by_id["r0"].status == "invalid" and by_id["r0"].reason == "wrong_input_kind"
+    assert by_id["r1"].status == "expired"
+    assert by_id["r2"].status == "ok"
+
+
+async def test_truncation_is_reported_per_text():
+    """A text longer than the model reads is flagged, its neighbour is not."""
+    ex = BatchExecutor(FakeEmbedder(max_seq_length=4), "embed", worker="w", run_in_thread=_inline)
+    steps = await collect(ex, batch([req(0, ["a b c d e f", "a b"])]))
+    assert steps[0][0].truncated == [True, False]
+
+
+async def test_rerank_scores_and_ranking():
+    """Rerank gives one score per document and a best-first ranking cut to top_n."""
+    ex = BatchExecutor(FakeReranker(), "rerank", worker="w", run_in_thread=_inline)
+    r = req(0, rerank=("red apple", ["blue sky", "red apple pie", "apple"]))
+    r.input.top_n = 2
+    steps = await collect(ex, batch([r]))
+    res = steps[0][0]
+    assert res.status == "ok" and len(res.scores) == 3 and res.ranking[0] == 1
+    assert len(res.ranking) == 2 and res.method == "cosine"
+
+
+async def test_runs_in_a_thread_by_default():
+    """The default runner keeps the event loop free while the model computes."""
+    ex = BatchExecutor(FakeEmbedder(ms_per_batch=50), "embed", worker="w")
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    t = asyncio.create_task(ticker())
+    await collect(ex, batch([req(0)]))
+    t.cancel()
+    assert ticks >= 3

@@ -1,0 +1,40 @@
+"""The worker service's Prometheus metrics, on a registry passed in.
+
+Names follow ``sf_worker_<thing>_<unit>``; labels are the endpoint and
+fixed codes (status, reason), never an org or a request id.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["WorkerMetrics"]
+
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_RATIO = (1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 3.0, 5.0)
+
+
+class WorkerMetrics:
+    """Every metric of one worker service."""
+
+    def __init__(self, registry: CollectorRegistry):
+        p = "sf_worker"
+        r = registry
+        self.batches = Counter(f"{p}_batches_total", "Batches served", ["endpoint"], registry=r)
+        self.requests = Counter(f"{p}_requests_total", "Requests answered, by status",
+                                ["endpoint", "status"], registry=r)
+        self.inference = Histogram(f"{p}_inference_seconds", "Model time per micro-batch",
+                                   ["endpoint"], buckets=_SECONDS, registry=r)
+        self.batch_seconds = Histogram(f"{p}_batch_seconds",
+                                       "From taking a batch to its last result acknowledged",
+                                       ["endpoint"], buckets=_SECONDS, registry=r)
+        self.tokens_per_s = Gauge(f"{p}_tokens_per_second",
+                                  "Real tokens per second of model time, last micro-batch",
+                                  ["endpoint"], registry=r)
+        self.padding = Histogram(f"{p}_padding_ratio",
+                                 "Padded tokens computed over real tokens, per micro-batch",
+                                 ["endpoint"], buckets=_RATIO, registry=r)
+        self.in_hand = Gauge(f"{p}_batches_in_hand", "Batches taken and not yet finished",
+                             ["endpoint"], registry=r)
+        self.failures = Counter(f"{p}_failures_total", "Records and sends that failed, by reason",
+                                ["endpoint", "reason"], registry=r)

@@ -1,0 +1,527 @@
+"""The worker service: one endpoint's model on the endpoint's batch topic.
+
+A worker is a member of the consumer group ``<prefix>worker.<endpoint>`` on
+``batches.<endpoint>``. Kafka decides which partitions it owns; the worker
+tells the scheduler (``hello`` on every assignment, a ``heartbeat`` every
+``service.heartbeat_ms``, ``batch_done`` after each batch, ``bye`` on
+shutdown), and the scheduler writes a batch to one of its partitions only
+when it has a free slot (see ``docs/protocol.md``). The worker itself never
+takes more than ``slots`` batches at a time: one computing, the rest ready
+so the model never idles between batches. Batches are computed one after
+the other, in the order taken (the scheduler's order).
+
+For each batch (:mod:`worker.execute` does the model part): results are
+published micro-batch by micro-batch to each request's ``reply_to``, keyed
+by request id, in the request's ``reply_format``; once every result is
+acknowledged, ``batch_done`` reports per-request timings (fed to the
+scheduler's adaptive cost) and the batch's offset is committed. A request
+with bad input fails alone. A record that is not a batch at all goes to the
+dead-letter topic, its offset is committed, and the worker moves on.
+
+The model runs in a thread, so heartbeats keep flowing during a long batch
+and the scheduler does not mistake a busy worker for a dead one.
+
+Stop (SIGTERM/SIGINT): stop taking batches, finish those in hand, send
+``bye``, commit, leave the group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Self
+
+import msgspec
+import structlog
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from plumbing.deadletter import send_dead_letter
+from plumbing.kafka import (
+    KafkaSettings,
+    add_kafka_arguments,
+    kafka_endpoint,
+    make_consumer,
+    make_producer,
+    settings_from_args,
+    stop_consumer,
+)
+from plumbing.telemetry import TelemetryServer
+from plumbing.topics import ensure_topics
+from scheduler.offsets import OffsetTracker
+from schemas.codec import DecodeError, codec_for, content_type
+from schemas.config import Config, ConfigError, load_config
+from schemas.messages import Batch, BatchTiming, Result, WorkerEvent
+from schemas.topics import Topics
+from worker.execute import BatchExecutor, MicrobatchStats, Served
+from worker.metrics import WorkerMetrics
+
+__all__ = ["WorkerService", "WorkerSettings", "WorkerStats", "add_arguments", "load_model", "run"]
+
+log = structlog.get_logger("worker")
+
+_batch_codec = codec_for(Batch)
+_result_codec = codec_for(Result)
+_event_codec = codec_for(WorkerEvent)
+_MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How one worker runs. The endpoint's batch limits come from the configuration."""
+
+    endpoint: str
+    #: Model spec; None uses the endpoint's ``model`` (``fake`` for tests).
+    model: str | None = None
+    #: Batches held at once; None uses ``service.worker_slots``. 2 lets the
+    #: next batch wait in hand while one computes, so the model never idles.
+    slots: int | None = None
+    #: Unique per process; the scheduler counts slots by it.
+    worker_id: str | None = None
+    #: torch intra-op threads; None leaves torch's default.
+    threads: int | None = None
+    device: str | None = None
+    #: Micro-batch budget: texts x longest text, in tokens. Bounds memory
+    #: and keeps the first results early.
+    microbatch_padded_tokens: int = 4096
+    microbatch_size: int = 32
+    #: How long a rebalance waits for batches in hand on revoked partitions,
+    #: so they commit here rather than run again elsewhere.
+    revoke_wait_s: float = 5.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+
+
+@dataclass
+class WorkerStats:
+    """What this worker saw, for tests and the stop log."""
+
+    batches: int = 0
+    requests: int = 0
+    dead_letters: int = 0
+    #: Most batches in hand at once.
+    max_in_hand: int = 0
+    #: Most batches sent to this worker and not finished at once: in hand
+    #: plus those waiting on its partitions. Flow control keeps it <= slots.
+    max_backlog: int = 0
+
+
+def load_model(config: Config, endpoint: str, spec: str | None = None, device: str | None = None):
+    """The endpoint's model: an embedder, or a reranker by ``rerank_method``."""
+    from worker.models import load_embedder, load_reranker
+
+    ep = config.endpoints[endpoint]
+    spec = spec or ep.model
+    if ep.kind == "embed":
+        return load_embedder(spec, device=device)
+    return load_reranker(spec, kind=ep.rerank_method, device=device)
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, service: WorkerService):
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked):
+        await self.service._on_revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned):
+        await self.service._on_assigned(list(assigned))
+
+
+class WorkerService:
+    """A worker: ``async with WorkerService(config, kafka, settings) as w: await w.run()``."""
+
+    def __init__(self, config: Config, kafka: KafkaSettings, settings: WorkerSettings, *,
+                 registry: CollectorRegistry | None = None, model=None):
+        if settings.endpoint not in config.endpoints:
+            known = ", ".join(config.endpoints)
+            raise ConfigError([f"--endpoint {settings.endpoint!r} is not configured ({known})"])
+        self.config = config
+        self.kafka = kafka
+        self.settings = settings
+        self.endpoint = settings.endpoint
+        self.kind = config.endpoints[self.endpoint].kind
+        self.slots = settings.slots or config.service.worker_slots
+        self.worker_id = settings.worker_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        self.topics = Topics.of(config)
+        self.batch_topic = self.topics.batches(self.endpoint)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = WorkerMetrics(self.registry)
+        self.stats = WorkerStats()
+        self.model = model
+        self.executor: BatchExecutor | None = None
+        self.offsets = OffsetTracker()
+        self._in_hand: dict[str, asyncio.Task] = {}  # batch id -> its task
+        self._in_hand_tp: dict[str, TopicPartition] = {}
+        self._freed = asyncio.Event()
+        self._model_lock = asyncio.Lock()
+        self._partitions: list[int] = []
+        self._producer = None
+        self._consumer = None
+        self._telemetry: TelemetryServer | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
+        self.started = False
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Load the model, connect, join the endpoint's group."""
+        s = self.settings
+        if self._telemetry is None and s.metrics_port is not None:
+            self._telemetry = TelemetryServer(self.registry, self.readiness,
+                                              host=s.metrics_host, port=s.metrics_port)
+            await self._telemetry.start()
+        if self.model is None:
+            t0 = time.perf_counter()
+            self.model = await asyncio.to_thread(load_model, self.config, self.endpoint,
+                                                 s.model, s.device)
+            log.info("model_loaded", endpoint=self.endpoint, model=self.model.name,
+                     seconds=round(time.perf_counter() - t0, 2))
+        if s.threads:
+            with contextlib.suppress(ImportError):
+                import torch
+
+                torch.set_num_threads(s.threads)
+        self.executor = BatchExecutor(
+            self.model, self.kind, worker=self.worker_id,
+            max_padded_tokens=s.microbatch_padded_tokens, max_size=s.microbatch_size,
+            on_microbatch=self._microbatch_done)
+        await ensure_topics(self.kafka, self.topics.all(self.config))
+        self._producer = make_producer(self.kafka, linger_ms=0)
+        await self._producer.start()
+        self._consumer = make_consumer(self.kafka, group_id=f"{self.topics.prefix}worker."
+                                       f"{self.endpoint}", max_poll_records=self.slots)
+        self._consumer.subscribe([self.batch_topic], listener=_Listener(self))
+        await self._consumer.start()
+        self.started = True
+        log.info("worker_started", worker=self.worker_id, endpoint=self.endpoint,
+                 slots=self.slots, model=self.model.name)
+
+    async def run(self) -> None:
+        """Serve until :meth:`request_stop` (or cancellation)."""
+        self._tasks = [asyncio.create_task(self._fetch_loop(), name="worker-fetch"),
+                       asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat")]
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait([stop, *self._tasks],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()
+        finally:
+            stop.cancel()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def stop(self) -> None:
+        """Stop fetching, finish the batches in hand, say bye, commit, leave."""
+        if not self.started:
+            return
+        self._stopping.set()
+        await self._cancel(self._tasks[:1])  # the fetch loop: take nothing more
+        if self._in_hand:
+            await asyncio.wait(list(self._in_hand.values()), timeout=60)
+        await self._cancel(self._tasks[1:])
+        self._tasks = []
+        with contextlib.suppress(KafkaError):
+            await self._announce("bye", partitions=[], slots=0)
+        with contextlib.suppress(KafkaError):
+            await self._commit()
+        await self._close()
+        log.info("worker_stopped", worker=self.worker_id, endpoint=self.endpoint,
+                 batches=self.stats.batches, requests=self.stats.requests,
+                 dead_letters=self.stats.dead_letters)
+
+    async def abort(self) -> None:
+        """Die as a crashed process would: no bye, no commit (for failure tests)."""
+        self._stopping.set()
+        await self._cancel(self._tasks + list(self._in_hand.values()))
+        self._tasks = []
+        self._in_hand.clear()
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await stop_consumer(self._consumer)
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
+        if self._telemetry is not None:
+            await self._telemetry.stop()
+        self._consumer = self._producer = self._telemetry = None
+        self.started = False
+
+    @staticmethod
+    async def _cancel(tasks: list[asyncio.Task]) -> None:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.model is None:
+            return False, "model not loaded"
+        if not self._partitions:
+            return False, "no batch partition assigned"
+        return True, f"ok: partitions {self._partitions}, {len(self._in_hand)} batches in hand"
+
+    # -- group membership and events --------------------------------------------
+
+    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        self._partitions = sorted(tp.partition for tp in assigned if tp.topic == self.batch_topic)
+        log.info("partitions_assigned", worker=self.worker_id, partitions=self._partitions)
+        try:
+            await self._announce("hello")
+        except KafkaError as e:
+            log.warning("event_send_failed", kind="hello", error=repr(e))
+
+    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        gone = set(revoked)
+        waiting = [t for b, t in self._in_hand.items() if self._in_hand_tp.get(b) in gone]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self.settings.revoke_wait_s)
+        with contextlib.suppress(KafkaError):
+            await self._commit(only=gone)
+        for tp in gone:
+            self.offsets.forget(tp)
+        self._partitions = [p for p in self._partitions
+                            if TopicPartition(self.batch_topic, p) not in gone]
+
+    async def _announce(self, kind: str, *, partitions: list[int] | None = None,
+                        slots: int | None = None, **fields) -> None:
+        slots = self.slots if slots is None else slots
+        ev = WorkerEvent(
+            worker=self.worker_id, endpoint=self.endpoint, kind=kind,
+            partitions=self._partitions if partitions is None else partitions,
+            slots=slots, free_slots=max(0, slots - len(self._in_hand)),
+            sent_ms=int(time.time() * 1000),
+            in_flight=[b for b in self._in_hand if b != fields.get("batch_id")], **fields)
+        await self._producer.send_and_wait(self.topics.worker_events, _event_codec.encode(ev),
+                                           key=self.worker_id.encode(), headers=_MSGPACK_HEADERS)
+
+    async def _heartbeat_loop(self) -> None:
+        every = self.config.service.heartbeat_ms / 1000
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._announce("heartbeat")
+            except KafkaError as e:
+                log.warning("event_send_failed", kind="heartbeat", error=repr(e))
+
+    # -- batches ---------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        consumer = self._consumer
+        while True:
+            free = self.slots - len(self._in_hand)
+            if free <= 0:
+                self._freed.clear()
+                await self._freed.wait()
+                continue
+            got = await consumer.getmany(timeout_ms=1000, max_records=free)
+            for tp, records in got.items():
+                for rec in records:
+                    await self._take(tp, rec)
+
+    async def _take(self, tp: TopicPartition, rec) -> None:
+        self.offsets.hold(tp, rec.offset)
+        try:
+            batch = _batch_codec.decode_record(rec.value, rec.headers,
+                                               max_bytes=self.kafka.max_request_size)
+        except DecodeError as e:
+            await self._poisoned(tp, rec, e)
+            return
+        if batch.id in self._in_hand:
+            # Read again (a rebalance gave the partition back) while still
+            # being served: the copy in hand answers it and holds the offset.
+            self.offsets.release(tp, rec.offset)
+            return
+        self._in_hand[batch.id] = asyncio.create_task(self._serve(tp, rec.offset, batch),
+                                                      name=f"batch-{batch.id}")
+        self._in_hand_tp[batch.id] = tp
+        self._measure_backlog()
+
+    async def _poisoned(self, tp: TopicPartition, rec, e: DecodeError) -> None:
+        self.stats.dead_letters += 1
+        self.metrics.failures.labels(self.endpoint, "bad_batch").inc()
+        log.warning("batch_invalid", topic=rec.topic, partition=rec.partition, offset=rec.offset,
+                    reason=e.reason, error=str(e)[:300])
+        try:
+            await send_dead_letter(self._producer, self.topics.dead_letters, rec, e.reason, str(e))
+        except KafkaError as err:
+            log.error("dead_letter_failed", error=repr(err))
+            return  # stays held: not committed past, a restart retries it
+        self.offsets.release(tp, rec.offset)
+        with contextlib.suppress(KafkaError):
+            await self._commit(only={tp})
+
+    def _measure_backlog(self) -> None:
+        n = len(self._in_hand)
+        self.stats.max_in_hand = max(self.stats.max_in_hand, n)
+        self.metrics.in_hand.labels(self.endpoint).set(n)
+        waiting = 0
+        for p in self._partitions:
+            tp = TopicPartition(self.batch_topic, p)
+            high, pos = self._consumer.highwater(tp), self.offsets.position(tp)
+            if high is not None and pos is not None:
+                waiting += max(0, high - pos)
+        self.stats.max_backlog = max(self.stats.max_backlog, n + waiting)
+
+    async def _serve(self, tp: TopicPartition, offset: int, batch: Batch) -> None:
+        t0 = time.perf_counter()
+        sends: list[asyncio.Future] = []
+        served: list[Served] = []
+        ok: list[Served] = []
+        results_ok = False
+        log_ = log.bind(batch_id=batch.id, worker=self.worker_id, endpoint=self.endpoint)
+        try:
+            async with self._model_lock:
+                async for done in self.executor.serve(batch):
+                    for s in done:
+                        sends.append(await self._publish(s.request, s.result))
+                        self.metrics.requests.labels(self.endpoint, s.result.status).inc()
+                    served.extend(done)
+            results_ok = await self._await_sends(sends, log_)
+            ok = [s for s in served if s.result.status == "ok"]
+            with contextlib.suppress(KafkaError):
+                await self._announce_done(batch, ok, sum(s.seconds for s in served))
+        except Exception as e:  # noqa: BLE001 - a batch must never take the worker down
+            # Left uncommitted: the next owner of the partition serves it again.
+            self.metrics.failures.labels(self.endpoint, "batch_error").inc()
+            log_.error("batch_failed", error=repr(e))
+        finally:
+            self._in_hand.pop(batch.id, None)
+            self._in_hand_tp.pop(batch.id, None)
+            self.metrics.in_hand.labels(self.endpoint).set(len(self._in_hand))
+            self._freed.set()
+        if results_ok:
+            self.offsets.release(tp, offset)
+            with contextlib.suppress(KafkaError):
+                await self._commit(only={tp})
+        self.stats.batches += 1
+        self.stats.requests += len(served)
+        self.metrics.batches.labels(self.endpoint).inc()
+        self.metrics.batch_seconds.labels(self.endpoint).observe(time.perf_counter() - t0)
+        log_.info("batch_served", requests=len(served), ok=len(ok), tokens=batch.tokens,
+                  model_ms=round(sum(s.seconds for s in served) * 1000, 2),
+                  seconds=round(time.perf_counter() - t0, 4))
+
+    async def _publish(self, req, result: Result) -> asyncio.Future:
+        fmt = req.reply_format
+        return await self._producer.send(
+            req.reply_to, _result_codec.encode(result, fmt), key=result.id.encode(),
+            headers=[("content-type", content_type(fmt).encode())])
+
+    async def _await_sends(self, sends: list[asyncio.Future], log_) -> bool:
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            # The offset stays uncommitted: a restart (or the next owner) serves it again.
+            self.metrics.failures.labels(self.endpoint, "result_send").inc(len(failed))
+            log_.error("results_unsent", failed=len(failed), error=repr(failed[0]))
+        return not failed
+
+    async def _announce_done(self, batch: Batch, ok: list[Served], model_s: float) -> None:
+        timings = [BatchTiming(org=s.request.org, tokens=s.request.tokens, seconds=s.seconds)
+                   for s in ok if s.seconds > 0]
+        await self._announce("batch_done", batch_id=batch.id, batch_requests=len(batch.requests),
+                             batch_tokens=sum(s.request.tokens for s in ok),
+                             inference_ms=round(model_s * 1000, 3), timings=timings)
+
+    def _microbatch_done(self, s: MicrobatchStats) -> None:
+        m = self.metrics
+        m.inference.labels(self.endpoint).observe(s.seconds)
+        if s.seconds > 0:
+            m.tokens_per_s.labels(self.endpoint).set(s.tokens / s.seconds)
+        if s.tokens > 0:
+            m.padding.labels(self.endpoint).observe(s.padded / s.tokens)
+
+    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        assigned = consumer.assignment()
+        offsets = {tp: off for tp, off in self.offsets.to_commit().items()
+                   if tp in assigned and (only is None or tp in only)}
+        if offsets:
+            await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+            self.offsets.committed(offsets)
+
+
+# -- command line --------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``serving-fairness worker``."""
+    parser.add_argument("--config", required=True, help="the deployment's TOML configuration")
+    parser.add_argument("--endpoint", required=True, help="the endpoint this worker serves")
+    parser.add_argument("--model", default=None,
+                        help="model spec (default: the endpoint's; 'fake' for tests)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="batches held at once (default: service.worker_slots)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: auto)")
+    parser.add_argument("--worker-id", default=None, help="unique id (default: host-pid-random)")
+    parser.add_argument("--microbatch-tokens", type=int, default=4096,
+                        help="micro-batch budget in padded tokens (texts x longest)")
+    parser.add_argument("--microbatch-size", type=int, default=32, help="texts per micro-batch")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve /metrics, /healthz, /readyz on this port (0: any free port)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address of that endpoint")
+    add_kafka_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one worker until SIGTERM/SIGINT."""
+    from plumbing.logs import configure_logging
+
+    configure_logging()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        log.error("config_refused", path=args.config, problems=e.problems)
+        return 2
+    settings = WorkerSettings(
+        endpoint=args.endpoint, model=args.model, slots=args.slots, worker_id=args.worker_id,
+        threads=args.threads, device=args.device, microbatch_padded_tokens=args.microbatch_tokens,
+        microbatch_size=args.microbatch_size, metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port)
+    return asyncio.run(_main(config, settings_from_args(args), settings))
+
+
+async def _main(config: Config, kafka: KafkaSettings, settings: WorkerSettings) -> int:
+    async with kafka_endpoint(kafka) as bootstrap:
+        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
+        try:
+            worker = WorkerService(config, kafka, settings)
+        except ConfigError as e:
+            log.error("config_refused", problems=e.problems)
+            return 2
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.request_stop)
+        async with worker:
+            await worker.run()
+    return 0
