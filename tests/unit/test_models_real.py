@@ -104,9 +104,11 @@ def test_long_text_is_reported_truncated(minilm):
 
 
 def test_admission_counter_agrees_with_the_model_tokenizer(minilm):
-    """The torch-free admission counter gives the model tokenizer's counts."""
+    """The torch-free admission counter gives the model tokenizer's counts and limit."""
     texts = [*TEXTS, "Héllo wörld, ça va? 東京 🙂", "word " * 300, ""]
-    assert load_token_counter(MINILM).count(texts) == minilm.token_lengths(texts)
+    counter = load_token_counter(MINILM)
+    assert counter.count(texts) == minilm.token_lengths(texts)
+    assert counter.max_seq_length == minilm.max_seq_length
 
 
 def test_tiny_embedder_adds_no_normalization(tiny_folders):
@@ -125,7 +127,8 @@ def test_cross_encoder_scores_equal_predict(tiny_folders):
     assert reranker.method == "cross-encoder" and reranker.max_seq_length == 32
     query, docs = "capital of france", ["paris", "the cat and the dog", "berlin " * 40, "river"]
     lengths = reranker.token_lengths(query, docs)
-    assert lengths == load_token_counter(tiny_folders["cross-encoder"]).count_pairs(query, docs)
+    counter = load_token_counter(tiny_folders["cross-encoder"])
+    assert (counter.count_pairs(query, docs), counter.max_seq_length) == (lengths, 32)
     groups = plan_microbatches(lengths, max_padded_tokens=40, max_size=2, max_seq_length=32)
     scores, truncated = [0.0] * len(docs), [False] * len(docs)
     for indices, out in reranker.score_groups(query, docs, groups, lengths=lengths):
