@@ -588,9 +588,11 @@ async def _serve(config: Config, kafka: KafkaSettings, settings: AdmissionSettin
         kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
         service = AdmissionService(config, kafka, settings=settings, config_path=config_path)
         loop = asyncio.get_running_loop()
+        # Before start: a signal during start-up must not kill the process
+        # with the default action (a stop then returns right after start).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, service.request_reload)
         async with service:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, service.request_stop)
-            loop.add_signal_handler(signal.SIGHUP, service.request_reload)
             await service.run()
     return 0

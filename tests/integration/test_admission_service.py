@@ -277,3 +277,45 @@ async def test_submit_command_prints_the_result(service, kafka_settings, topic_p
     # Service log lines share stdout in this process; the result is the indented JSON block.
     printed = json.loads("\n".join(out[out.index("{"):]))
     assert (printed["status"], printed["reason"]) == ("invalid", "unknown_org")
+
+
+async def test_command_reloads_on_sighup_and_stops_on_sigterm(kafka_settings, topic_prefix,
+                                                              config_path):
+    """`serving-fairness admission`: SIGHUP reloads (a bad file is refused), SIGTERM exits 0."""
+    import os
+    import signal
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "plumbing.cli", "admission", "--config", str(config_path),
+        "--bootstrap", kafka_settings.bootstrap, "--kafka-session-timeout-ms", "2000",
+        "--kafka-heartbeat-interval-ms", "500",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "SF_LOG_JSON": "1"},
+    )
+
+    async def event(name: str) -> dict:
+        async with asyncio.timeout(30):
+            while line := await proc.stderr.readline():
+                with contextlib.suppress(ValueError):
+                    entry = json.loads(line)
+                    if entry.get("event") == name:
+                        return entry
+        raise AssertionError(f"the service exited before logging {name}")
+
+    try:
+        await event("admission_started")
+        config_path.write_text("not = [valid")
+        proc.send_signal(signal.SIGHUP)
+        refused = await event("config_reload_refused")
+        assert "not valid TOML" in refused["problems"][0]
+        _write_config(config_path, topic_prefix, '\n[orgs.newco]\ntier = "standard"\n')
+        proc.send_signal(signal.SIGHUP)
+        await event("config_reloaded")
+        proc.send_signal(signal.SIGTERM)
+        await event("admission_stopped")
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
