@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from scheduler.report import Outcome, QueueSample
+from scheduler.report import Outcome, QueueSample, percentile
 
 __all__ = ["MAX_NAMED", "write_plots"]
 
@@ -84,12 +84,14 @@ def _latency_cdf(ax, outcomes, label, colours) -> None:
         if not xs:
             continue
         xs.sort()
-        ys = np.arange(1, len(xs) + 1) / len(xs) * 100.0
-        p99 = xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
-        missing = total[g] - len(xs)
-        extra = f", {missing} not served" if missing else ""
-        ax.step(xs, ys, where="post", color=colours[g], lw=2,
-                label=f"{g}: {len(xs):,} done, p99 {_human_ms(p99)}{extra}")
+        n = len(xs)
+        p99 = percentile(xs, 99)  # as in the tables
+        missing = total[g] - n
+        extra = f", {missing:,} not served" if missing else ""
+        # Start each curve on the axis, so a lone step still reads as "0 % before".
+        ys = np.concatenate([[0.0], np.arange(1, n + 1) / n * 100.0])
+        ax.step([xs[0], *xs], ys, where="post", color=colours[g], lw=2,
+                label=f"{g}: {n:,} done, p99 {_human_ms(p99)}{extra}")
         drawn = True
     ax.set_xscale("log")
     ax.set_ylim(0, 101)
@@ -113,13 +115,16 @@ def _human_ms(ms: float) -> str:
 
 def _waiting(ax, outcomes, label, colours, scale: float, xlabel: str) -> None:
     events: dict[str, list[tuple[float, int]]] = {g: [] for g in colours}
+    longest: dict[str, float] = dict.fromkeys(colours, 0.0)
     for o in outcomes:
         if o.status in ("rejected", "invalid"):
             continue  # refused at the door: never waited in the scheduler
         left = o.dispatched_s if o.dispatched_s is not None else o.completed_s
         if left is None:
             continue
-        ev = events[label[o.org]]
+        g = label[o.org]
+        longest[g] = max(longest[g], left - o.arrival_s)
+        ev = events[g]
         ev.append((o.arrival_s, 1))
         ev.append((left, -1))
     peak = 0
@@ -132,7 +137,9 @@ def _waiting(ax, outcomes, label, colours, scale: float, xlabel: str) -> None:
         t = np.concatenate([[0.0], t])
         n = np.concatenate([[0], n])
         peak = max(peak, int(n.max()))
-        ax.step(t, n, where="post", color=colours[g], lw=1.8, label=f"{g}: peak {n.max():,}")
+        ax.step(t, n, where="post", color=colours[g], lw=1.8,
+                label=f"{g}: up to {n.max():,} waiting, longest wait "
+                      f"{_human_ms(longest[g] * 1000)}")
     ax.set_yscale("symlog", linthresh=1)
     ax.set_ylim(0, max(2, peak) * 1.5)
     ax.set_xlabel(xlabel)
@@ -161,8 +168,11 @@ def _served_share(ax, outcomes, label, colours, scale: float, xlabel: str) -> No
         b = batches.setdefault(o.batch_id or o.id, [start, end, np.zeros(len(groups))])
         b[2][index[label[o.org]]] += o.cost if o.cost is not None else o.tokens
     t1 = max(b[1] for b in batches.values())
-    bins = 60
-    width = max(t1 / bins, 1e-3)
+    # Fine bins, then shares over a sliding window of a tenth of the run: DRR
+    # is fair over rounds, not within one, and a window of a few rounds shows
+    # the split it converges to instead of the turn-by-turn alternation.
+    bins, per_window = 400, 40
+    width = max(t1 / bins, 1e-4)
     amount = np.zeros((len(groups), bins))
     for start, end, work in batches.values():
         first, last = min(int(start / width), bins - 1), min(int(end / width), bins - 1)
@@ -172,26 +182,27 @@ def _served_share(ax, outcomes, label, colours, scale: float, xlabel: str) -> No
         for k in range(first, last + 1):
             overlap = min(end, (k + 1) * width) - max(start, k * width)
             amount[:, k] += work * max(0.0, overlap) / (end - start)
-    total = amount.sum(axis=0)
-    share = np.divide(amount, total, out=np.zeros_like(amount), where=total > 0) * 100.0
-    starts = width * np.arange(bins) / scale
+    box = np.ones(per_window)
+    windowed = np.array([np.convolve(row, box, mode="same") for row in amount])
+    total = windowed.sum(axis=0)
+    busy = amount.sum(axis=0) > 0  # idle stretches stay white
+    share = np.divide(windowed, total, out=np.zeros_like(windowed),
+                      where=(total > 0) & busy) * 100.0
+    centres = width * (np.arange(bins) + 0.5) / scale
     overall = amount.sum(axis=1) / amount.sum() * 100.0
-    bottom = np.zeros(bins)
-    for g in groups:
-        i = index[g]
-        if not overall[i]:
-            continue  # never served: nothing to stack, and the legend stays short
-        ax.bar(starts, share[i], width=width / scale, bottom=bottom, align="edge",
-               color=colours[g], label=f"{g}: {_pct(overall[i])} overall", linewidth=0)
-        bottom += share[i]
+    keep = [g for g in groups if overall[index[g]]]  # never served: nothing to stack
+    ax.stackplot(centres, *(share[index[g]] for g in keep), colors=[colours[g] for g in keep],
+                 labels=[f"{g}: {_pct(overall[index[g]])} overall" for g in keep],
+                 alpha=0.9, linewidth=0)
     unit = "cost" if all(o.cost is not None for o in served) else "tokens"
     ax.set_ylim(0, 100)
-    ax.set_xlim(0, starts[-1] + width / scale)
+    ax.set_xlim(0, t1 / scale)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"share of served {unit} (% of each {_human_ms(width * 1000)} bin)")
+    ax.set_ylabel(f"share of served {unit} (%, sliding {_human_ms(per_window * width * 1000)})")
     ax.set_title("Who was served: each org's share of the work in service over time "
                  "(white: idle)")
-    ax.legend(loc="lower left", fontsize=9, framealpha=0.9)
+    # Outside the axes: any corner inside would hide some org's band.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, title="org (tier)")
 
 
 def _pct(v: float) -> str:
@@ -199,7 +210,7 @@ def _pct(v: float) -> str:
         return "0 %"
     if v < 0.01:
         return "<0.01 %"
-    return f"{v:.2f} %" if v < 10 else f"{v:.1f} %"
+    return f"{v:.2f} %" if v < 10 or v > 99 else f"{v:.1f} %"
 
 
 def _queue_depth(ax, samples: Sequence[QueueSample], scale: float, xlabel: str) -> None:

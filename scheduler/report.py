@@ -250,6 +250,15 @@ def format_table(summary: dict[str, Any], *, max_orgs: int = 20) -> str:
         f"{summary['makespan_s']:,.2f} s; {b['count']} batches, mean fill {fill}"
         f"\nJain's index over backlogged orgs (served cost / weight): {jain_text}"
     )
+    groups = summary.get("jain") or []
+    if groups:
+        g = groups[0]
+        total = sum(g["served_cost"].values()) or 1.0
+        split = ", ".join(f"{org} {100 * g['served_cost'][org] / total:.1f} % (weight "
+                          f"{g['weights'][org]:g})" for org in g["orgs"][:8])
+        more = f" and {len(g['orgs']) - 8} more" if len(g["orgs"]) > 8 else ""
+        text += (f"\n  while {len(g['orgs'])} orgs of {g['endpoint']}/{g['tier']} were "
+                 f"backlogged together ({g['batches']} batches): {split}{more}")
     return text
 
 

@@ -377,12 +377,13 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         t_arrival = records[i].ts if i < n else inf
         t_done = done[0][0] if done else inf
         t_deadline = sched.next_deadline()
-        now = min(t_arrival, t_done, inf if t_deadline is None else t_deadline)
-        if now == inf:
+        t = min(t_arrival, t_done, inf if t_deadline is None else t_deadline)
+        if t == inf:
             break
+        now = t
         while done and done[0][0] <= now:
-            t, _, w, ep, bid, batch, dispatched = heapq.heappop(done)
-            complete(t, w, ep, bid, batch, dispatched)
+            t_end, _, w, ep, bid, batch, dispatched = heapq.heappop(done)
+            complete(t_end, w, ep, bid, batch, dispatched)
         while i < n and records[i].ts <= now:
             arrive(records[i])
             i += 1

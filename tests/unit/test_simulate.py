@@ -253,3 +253,14 @@ def test_cli_reports_bad_trace(tmp_path, capsys):
     trace.write_text('{"ts": 0, "org": "a", "endpoint": "embed"}\n')
     assert run(parse("--config", str(EXAMPLES / "config.toml"), "--trace", str(trace))) == 2
     assert "bad.jsonl:1: field `tokens`" in capsys.readouterr().err
+
+
+def test_queue_samples_track_the_backlog():
+    """Queue depth is sampled on the virtual clock: it peaks with the burst and ends empty."""
+    res = noisy(1_000, "drr")
+    embed = [s for s in res.samples if s.endpoint == "embed"]
+    times = [s.t_s for s in embed]
+    assert times == sorted(times) and max(times) == pytest.approx(
+        max(o.completed_s for o in res.outcomes))
+    assert max(s.held_by_tier["standard"] for s in embed) > 900
+    assert embed[-1].held_tokens_by_tier["standard"] == 0
