@@ -208,7 +208,7 @@ def _fmt_ms(v: float | None) -> str:
 
 def _table(header: list[str], rows: list[list[str]], align: str) -> str:
     """An aligned Markdown table: readable as it is in a terminal and rendered."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) if a == "l" else c.rjust(w)

@@ -131,3 +131,10 @@ def test_cli_compare(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "p99 ms drr" in out and "p99 ms fifo" in out and "1.00x" in out
     assert run(parse("compare", str(a), str(tmp_path / "missing.json"))) == 2
+
+
+def test_empty_run_still_reports():
+    """An empty trace gives zero counts and a table, not an error."""
+    s = summarize([])
+    assert s["totals"]["requests"] == 0 and s["throughput_rps"] == 0.0
+    assert "| org" in format_table(s)
