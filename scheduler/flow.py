@@ -57,6 +57,9 @@ from schemas.messages import WorkerEvent
 
 __all__ = ["Claim", "FlowControl", "LostWorker", "Observed", "WorkerSlots"]
 
+#: How many done batch ids are remembered (a few seconds of batches).
+_RECENTLY_DONE = 4096
+
 
 @dataclass
 class WorkerSlots:
@@ -121,6 +124,9 @@ class FlowControl:
         self._by_endpoint: dict[str, dict[str, WorkerSlots]] = {}
         #: batch id -> worker it is outstanding on.
         self._batch_owner: dict[str, str] = {}
+        #: Batches reported done lately: an event that still lists one in hand
+        #: (sent just before the report) must not count it again.
+        self._recently_done: dict[str, None] = {}
         #: (endpoint, partition) -> (worker, when it announced it): newest wins.
         self._owner: dict[tuple[str, int], tuple[str, float]] = {}
 
@@ -148,7 +154,7 @@ class FlowControl:
         w.slots = ev.slots
         w.in_hand = frozenset(ev.in_flight)
         for batch_id in ev.in_flight:
-            if batch_id not in w.outstanding and batch_id != ev.batch_id:
+            if batch_id not in w.outstanding and batch_id not in self._recently_done:
                 self._add(w, batch_id, seen)
         self._set_partitions(w, ev.partitions, seen)
         return Observed(accepted=True, joined=joined, done_batch=done)
@@ -267,7 +273,13 @@ class FlowControl:
             del self._batch_owner[batch_id]
 
     def _done_batch(self, batch_id: str | None) -> str | None:
-        owner = self._batch_owner.pop(batch_id, None) if batch_id else None
+        if not batch_id:
+            return None
+        done = self._recently_done
+        done[batch_id] = None
+        if len(done) > _RECENTLY_DONE:
+            del done[next(iter(done))]
+        owner = self._batch_owner.pop(batch_id, None)
         if owner is not None:
             self.workers[owner].outstanding.pop(batch_id, None)
         return owner

@@ -166,6 +166,7 @@ class SchedulerService:
         self._event_consumer = None
         self._telemetry: TelemetryServer | None = None
         self._assigned: set[TopicPartition] = set()
+        self._end_offsets: dict[TopicPartition, int] = {}
         self._paused = False
         self._batch_seq = 0
         self._rounds: dict[str, int] = {}
@@ -652,9 +653,12 @@ class SchedulerService:
         lag: dict[str, int] = {t: 0 for t in self.config.tier_names}
         by_topic = {self.topics.tier(t): t for t in self.config.tier_names}
         for tp in self._assigned:
-            high = consumer.highwater(tp)  # known after a fetch (Tansu's end_offsets is wrong)
+            # highwater comes with each fetch, so it is stale while paused; the
+            # end offsets asked for by the commit loop cover that (on Tansu they
+            # may lag the true end by one produce batch).
+            high = max(consumer.highwater(tp) or 0, self._end_offsets.get(tp, 0))
             tier = by_topic.get(tp.topic)
-            if high is None or tier is None:
+            if tier is None:
                 continue
             lag[tier] += max(0, high - (self.offsets.position(tp) or 0))
         for tier, n in lag.items():
@@ -668,6 +672,9 @@ class SchedulerService:
                 await self._commit()
             except KafkaError as e:
                 log.warning("commit_failed", error=repr(e))
+            if self._paused and self._assigned:
+                with contextlib.suppress(KafkaError):
+                    self._end_offsets = await self._tier_consumer.end_offsets(list(self._assigned))
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
         consumer = self._tier_consumer

@@ -315,8 +315,7 @@ class WorkerService:
             worker=self.worker_id, endpoint=self.endpoint, kind=kind,
             partitions=self._partitions if partitions is None else partitions,
             slots=slots, free_slots=max(0, slots - len(self._in_hand)),
-            sent_ms=int(time.time() * 1000),
-            in_flight=[b for b in self._in_hand if b != fields.get("batch_id")], **fields)
+            sent_ms=int(time.time() * 1000), in_flight=list(self._in_hand), **fields)
         await self._producer.send_and_wait(self.topics.worker_events, _event_codec.encode(ev),
                                            key=self.worker_id.encode(), headers=_MSGPACK_HEADERS)
 
@@ -404,6 +403,9 @@ class WorkerService:
                     served.extend(done)
             results_ok = await self._await_sends(sends, log_)
             ok = [s for s in served if s.result.status == "ok"]
+            # Out of hand before announcing: a heartbeat sent meanwhile must
+            # not list it again after its batch_done.
+            self._in_hand.pop(batch.id, None)
             with contextlib.suppress(KafkaError):
                 await self._announce_done(batch, ok, sum(s.seconds for s in served))
         except Exception as e:  # noqa: BLE001 - a batch must never take the worker down

@@ -22,7 +22,7 @@ from plumbing.topics import ensure_topics
 from scheduler.service import SchedulerService, SchedulerSettings
 from schemas.codec import codec_for
 from schemas.config import Config, parse_config
-from schemas.messages import AdmittedRequest, DeadLetter, EmbedInput, Result
+from schemas.messages import AdmittedRequest, DeadLetter, EmbedInput, Result, SchedulerState
 from schemas.topics import Topics
 from worker.service import WorkerService, WorkerSettings
 
@@ -32,10 +32,11 @@ _MSGPACK = [("content-type", b"application/msgpack")]
 
 
 def make_config(prefix: str, *, model: str = "fake", worker_timeout_ms: int = 1500,
-                slots: int = 1) -> Config:
+                slots: int = 1, max_held: int = 10_000) -> Config:
     return parse_config(f"""
 [service]
 topic_prefix = "{prefix}"
+max_held_requests = {max_held}
 worker_slots = {slots}
 worker_timeout_ms = {worker_timeout_ms}
 heartbeat_ms = 200
@@ -242,7 +243,7 @@ async def test_expired_and_invalid_requests_are_answered(kafka_settings, topic_p
     """With no worker, deadlines expire promptly; bad tier records are dead-lettered and answered."""
     cfg = make_config(topic_prefix)
     topics = Topics.of(cfg)
-    sched = SchedulerService(cfg, kafka_settings, settings=SchedulerSettings(policy="drr"))
+    sched = SchedulerService(cfg, kafka_settings)
     past = request(2, "bulk", ["b"], tier="free", deadline_in_ms=-10, topics=topics)
     # Broken requests: pure noise, and one whose reply address is still readable.
     readable = b'{"id": "broken-2", "reply_to": "%s", "tokens": 0}' % topics.results.encode()
@@ -261,11 +262,38 @@ async def test_expired_and_invalid_requests_are_answered(kafka_settings, topic_p
         assert by_id["broken-2"][0].status == "invalid"
         assert sample(sched.registry, "sf_scheduler_expired_total",
                       endpoint="embed", tier="gold") == 1
+        assert sample(sched.registry, "sf_scheduler_failures_total", reason="invalid") == 2
         # Hot reload: a broken file is refused and the old configuration stays.
         bad = tmp_path / "bad.toml"
         bad.write_text("[[tiers]]\nname = 'x'\n")
         assert not await sched.reload_file(str(bad))
         assert sched.config is cfg
+
+
+async def test_intake_pauses_at_max_held_and_state_is_published(kafka_settings, topic_prefix):
+    """Held requests stay bounded by max_held_requests; the state snapshot shows the backlog."""
+    cfg = make_config(topic_prefix, max_held=6)
+    topics = Topics.of(cfg)
+    sched = SchedulerService(cfg, kafka_settings, settings=SchedulerSettings(max_poll_records=2))
+    reqs = [request(i, org, ["x y"], tier=tier, topics=topics)
+            for i, (org, tier) in enumerate([("acme", "gold"), ("bulk", "free")] * 10)]
+    async with running(sched), \
+            Reader(kafka_settings, topics.scheduler_state, 1, SchedulerState) as states:
+        await produce(kafka_settings, lambda r: topics.tier(r.tier), reqs)
+        await wait_for(lambda: sample(sched.registry, "sf_scheduler_intake_paused") == 1, 10)
+        await asyncio.sleep(0.5)
+        assert sched.core.held <= 6 + 2
+        got = await states.until(lambda items: any(s.held_requests >= 6 for s in items))
+        lane = next(s for s in got if s.held_requests >= 6).lanes["embed"]
+        assert set(lane.active_orgs_by_tier) <= {"gold", "free"} and lane.org_held_tokens
+        assert lane.workers == 0 and lane.free_slots == 0
+        lag = sum(sample(sched.registry, "sf_scheduler_consumer_lag_records", tier=t)
+                  for t in ("gold", "free"))
+        assert lag >= len(reqs) - sched.core.held - 2
+        async with running(fake_worker(cfg, kafka_settings, "w-a")), \
+                Reader(kafka_settings, topics.results, cfg.service.results_partitions) as results:
+            got = await results.until(lambda items: len(items) >= len(reqs))
+        assert {r.status for r in got} == {"ok"}
 
 
 @pytest.mark.skipif(os.environ.get("SF_SKIP_MODEL_TESTS") == "1", reason="no model tests")

@@ -133,3 +133,13 @@ def test_endpoints_are_separate():
     f.observe(ev("a", "hello", endpoint="rerank", sent=0), 0)
     assert f.claim("embed") is None
     assert f.claim("rerank") == Claim("a", 0)
+
+
+def test_heartbeat_listing_a_done_batch_does_not_count_it_again():
+    """An event sent just before a batch's done report, read after it, frees nothing twice."""
+    f = FlowControl(T)
+    f.observe(ev("a", "hello", slots=1, sent=0), 0)
+    f.sent("a", "b1", 1)
+    f.observe(ev("a", "batch_done", slots=1, sent=5, batch_id="b1"), 5)
+    f.observe(ev("a", slots=1, sent=6, in_flight=("b1",)), 6)
+    assert f.claim("embed") == Claim("a", 0)

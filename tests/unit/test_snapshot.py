@@ -1,0 +1,44 @@
+"""Backlog and ServiceRate: the per-org counters behind the scheduler's state snapshot."""
+
+from scheduler.snapshot import Backlog, ServiceRate, lane_state
+
+
+def test_backlog_counts_orgs_and_tokens():
+    """Active orgs per tier and per-org held tokens follow pushes and removals."""
+    b = Backlog()
+    b.add("e", "gold", "a", 10)
+    b.add("e", "gold", "a", 5)
+    b.add("e", "gold", "b", 1)
+    b.add("e", "free", "c", 100)
+    assert b.active_orgs("e") == {"gold": 2, "free": 1}
+    assert b.top_orgs("e", 2) == {"c": 100, "a": 15}
+    b.remove("e", "gold", "b", 1)
+    b.remove("e", "free", "c", 100)
+    assert b.active_orgs("e") == {"gold": 1}
+    assert b.org_tokens("e") == {"a": 15}
+    b.remove("e", "gold", "zzz", 3)  # unknown: ignored
+    assert b.cost_by_tier("e", lambda org, n, tok: n) == {"gold": 2.0, "free": 0.0}
+
+
+def test_service_rate_sums_live_workers():
+    """Rates are an EMA per worker; a forgotten or unmeasured worker adds nothing."""
+    r = ServiceRate(alpha=0.5)
+    r.observe("w1", 1000, 1.0)
+    r.observe("w1", 3000, 1.0)
+    r.observe("w2", 500, 0.5)
+    r.observe("w2", 10, 0.0)  # broken report ignored
+    assert r.total(["w1", "w2", "w3"]) == 2000 + 1000
+    r.forget("w1")
+    assert r.total(["w1", "w2"]) == 1000
+
+
+def test_lane_state_lists_top_orgs():
+    """The snapshot carries active orgs per tier and the top holders only."""
+    b = Backlog()
+    for i in range(5):
+        b.add("e", "gold", f"o{i}", i + 1)
+    s = lane_state("e", held_requests=5, held_tokens_by_tier={"gold": 15},
+                   held_cost_by_tier={"gold": 15.0}, backlog=b, tokens_per_s=0.0,
+                   free_slots=1, workers=1, top_orgs=2)
+    assert s.active_orgs_by_tier == {"gold": 5}
+    assert s.org_held_tokens == {"o4": 5, "o3": 4}
