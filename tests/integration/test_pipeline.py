@@ -132,7 +132,7 @@ class Reader:
 @contextlib.asynccontextmanager
 async def running(service):
     """Start a service, run it as a task, and stop it gracefully afterwards."""
-    if not service.started:
+    if not getattr(service, "started", False):
         await service.start()
     task = asyncio.create_task(service.run())
     try:
@@ -294,6 +294,26 @@ async def test_intake_pauses_at_max_held_and_state_is_published(kafka_settings, 
                 Reader(kafka_settings, topics.results, cfg.service.results_partitions) as results:
             got = await results.until(lambda items: len(items) >= len(reqs))
         assert {r.status for r in got} == {"ok"}
+
+
+async def test_through_admission_and_the_client(kafka_settings, topic_prefix):
+    """Requests sent by the client library through admission come back as one ok result each."""
+    from producer.client import FairnessClient
+    from producer.service import AdmissionService, AdmissionSettings
+
+    cfg = make_config(topic_prefix)
+    admission = AdmissionService(cfg, kafka_settings,
+                                 settings=AdmissionSettings(token_counter="fake"))
+    sched = SchedulerService(cfg, kafka_settings)
+    async with running(sched), running(admission), \
+            running(fake_worker(cfg, kafka_settings, "w-a")), \
+            FairnessClient(kafka_settings, cfg) as client:
+        ids = [await client.submit({"org": org, "endpoint": "embed",
+                                    "input": {"type": "embed", "texts": [f"text {i}", "more"]}})
+               for i, org in enumerate(["acme", "bulk", "acme", "bulk"])]
+        results = [await client.result(i, timeout=15) for i in ids]
+    assert [r.status for r in results] == ["ok"] * 4
+    assert all(len(r.embeddings) == 2 and r.worker == "w-a" for r in results)
 
 
 @pytest.mark.skipif(os.environ.get("SF_SKIP_MODEL_TESTS") == "1", reason="no model tests")
