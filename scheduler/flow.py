@@ -246,8 +246,11 @@ class FlowControl:
 
     def next_expiry_ms(self) -> float | None:
         """When :meth:`expire` may next have something to do."""
+        # Only what time alone can change: a batch listed in hand, or not yet
+        # followed by an event, waits for an event (which wakes the caller).
         times = [w.last_seen_ms for w in self.workers.values()]
-        times += [s for w in self.workers.values() for s in w.outstanding.values()]
+        times += [since for w in self.workers.values() for b, since in w.outstanding.items()
+                  if b not in w.in_hand and w.last_seen_ms > since]
         return min(times) + self.worker_timeout_ms if times else None
 
     # -- views -----------------------------------------------------------------

@@ -143,3 +143,13 @@ def test_heartbeat_listing_a_done_batch_does_not_count_it_again():
     f.observe(ev("a", "batch_done", slots=1, sent=5, batch_id="b1"), 5)
     f.observe(ev("a", slots=1, sent=6, in_flight=("b1",)), 6)
     assert f.claim("embed") == Claim("a", 0)
+
+
+def test_next_expiry_skips_batches_only_an_event_can_free():
+    """A long batch in hand past the timeout does not make the next expiry lie in the past."""
+    f = FlowControl(T)
+    f.observe(ev("a", "hello", slots=1, sent=0), 0)
+    f.sent("a", "b1", 1)
+    f.observe(ev("a", slots=1, sent=2 * T, in_flight=("b1",)), 2 * T)
+    assert f.expire(2 * T) == []
+    assert f.next_expiry_ms() == 3 * T  # the worker's own silence timeout, not b1's
