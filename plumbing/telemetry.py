@@ -13,7 +13,8 @@ A tiny asyncio HTTP/1.1 server: no framework, one request per connection.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
+from typing import Self
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -35,7 +36,7 @@ class TelemetryServer:
         self.port = port
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self) -> "TelemetryServer":
+    async def start(self) -> TelemetryServer:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -46,7 +47,7 @@ class TelemetryServer:
             await self._server.wait_closed()
             self._server = None
 
-    async def __aenter__(self) -> "TelemetryServer":
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc) -> None:
@@ -59,7 +60,7 @@ class TelemetryServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), 5)
-            while (h := await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+            while await asyncio.wait_for(reader.readline(), 5) not in (b"\r\n", b"\n", b""):
                 pass
             parts = line.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) >= 2 else ""
@@ -68,7 +69,7 @@ class TelemetryServer:
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
             writer.write(head.encode() + body)
             await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError):
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
             pass
         finally:
             writer.close()
@@ -81,7 +82,7 @@ class TelemetryServer:
         if path == "/readyz":
             try:
                 ok, reason = self.ready()
-            except Exception as e:  # a broken probe means not ready, never a crash
+            except Exception as e:  # noqa: BLE001 - a broken probe means not ready, never a crash
                 ok, reason = False, f"readiness check failed: {e!r}"
             return ("200 OK" if ok else "503 Service Unavailable"), "text/plain", f"{reason}\n".encode()
         return "404 Not Found", "text/plain", b"not found\n"

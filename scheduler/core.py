@@ -7,12 +7,12 @@ tests turn them into sends, commits, logs and metrics.
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
-
-from schemas.config import Config
+from collections.abc import Iterable
+from typing import Literal
 
 from scheduler.entry import Entry
 from scheduler.lane import Dispatch, FifoLane, Lane, LaneStats
+from schemas.config import Config
 
 __all__ = ["Policy", "Scheduler"]
 

@@ -14,11 +14,11 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
-
-from schemas.config import ADAPTIVE_RATIO_BOUNDS, CostModel
+from collections.abc import Iterable
+from typing import Protocol
 
 from scheduler.entry import Entry
+from schemas.config import ADAPTIVE_RATIO_BOUNDS, CostModel
 
 __all__ = ["AdaptiveCost", "Cost", "RequestCost", "TokenCost", "make_cost"]
 

@@ -21,8 +21,8 @@ heap discards them when they surface.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from heapq import heappop, heappush
-from typing import Callable
 
 from scheduler.entry import HELD, Entry
 
@@ -36,7 +36,7 @@ class OrgQueue:
     org's next turn); everything else is the ring's to change.
     """
 
-    __slots__ = ("org", "weight", "heap", "live", "deficit", "in_turn", "in_ring")
+    __slots__ = ("deficit", "heap", "in_ring", "in_turn", "live", "org", "weight")
 
     def __init__(self, org: str, weight: float):
         self.org = org
@@ -60,7 +60,7 @@ class OrgQueue:
 class DrrTier:
     """The DRR ring of one tier of one endpoint lane."""
 
-    __slots__ = ("quantum", "weight_of", "ring", "orgs", "live", "rounds")
+    __slots__ = ("live", "orgs", "quantum", "ring", "rounds", "weight_of")
 
     def __init__(self, quantum: float, weight_of: Callable[[str], float]):
         self.quantum = quantum

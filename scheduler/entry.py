@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Entry", "HELD", "DISPATCHED", "EXPIRED", "NO_DEADLINE"]
+__all__ = ["DISPATCHED", "EXPIRED", "HELD", "NO_DEADLINE", "Entry"]
 
 HELD, DISPATCHED, EXPIRED = 0, 1, 2
 #: Sort key of a request without a deadline: after every real deadline.
@@ -23,8 +23,18 @@ class Entry:
     every ``now`` passed to the core (seconds).
     """
 
-    __slots__ = ("id", "org", "tier", "tokens", "priority", "deadline", "arrival", "seq",
-                 "payload", "state")
+    __slots__ = (
+        "arrival",
+        "deadline",
+        "id",
+        "org",
+        "payload",
+        "priority",
+        "seq",
+        "state",
+        "tier",
+        "tokens",
+    )
 
     def __init__(self, id: str, org: str, tier: str, tokens: int, *, priority: int = 0,
                  deadline: float | None = None, arrival: float = 0.0, payload: Any = None):

@@ -22,14 +22,14 @@ in a tier that is starved. Expired requests are returned, never dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from heapq import heappop, heappush
-from typing import Callable, Iterable, NamedTuple
-
-from schemas.config import Endpoint, Tier
+from typing import NamedTuple
 
 from scheduler.cost import AdaptiveCost, Cost, make_cost
 from scheduler.drr import DrrTier
 from scheduler.entry import DISPATCHED, EXPIRED, HELD, NO_DEADLINE, Entry
+from schemas.config import Endpoint, Tier
 
 __all__ = ["Dispatch", "FifoLane", "Lane", "LaneStats"]
 

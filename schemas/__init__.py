@@ -1,7 +1,16 @@
 """Schemas: every message and the configuration, as msgspec Structs. Pure data, no I/O."""
 
 from schemas.codec import Codec, DecodeError, codec_for, format_from_headers
-from schemas.config import Config, ConfigError, Endpoint, Org, Tier, Window, load_config, parse_config
+from schemas.config import (
+    Config,
+    ConfigError,
+    Endpoint,
+    Org,
+    Tier,
+    Window,
+    load_config,
+    parse_config,
+)
 from schemas.messages import (
     AdmittedRequest,
     Batch,

@@ -27,11 +27,11 @@ from schemas.messages import (
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
+    "JSON",
+    "MSGPACK",
     "Codec",
     "DecodeError",
     "Format",
-    "JSON",
-    "MSGPACK",
     "codec_for",
     "content_type",
     "format_from_headers",

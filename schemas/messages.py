@@ -21,6 +21,7 @@ import msgspec
 from msgspec import Meta
 
 __all__ = [
+    "TERMINAL_STATUSES",
     "AdmittedRequest",
     "Batch",
     "BatchTiming",
@@ -30,13 +31,12 @@ __all__ = [
     "LaneState",
     "Message",
     "OrgId",
+    "Request",
     "RequestId",
     "RerankInput",
-    "Request",
     "Result",
     "SchedulerState",
     "Status",
-    "TERMINAL_STATUSES",
     "WorkerEvent",
 ]
 

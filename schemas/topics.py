@@ -30,7 +30,7 @@ class Topics:
     prefix: str = "sf."
 
     @classmethod
-    def of(cls, config: Config) -> "Topics":
+    def of(cls, config: Config) -> Topics:
         return cls(config.service.topic_prefix)
 
     @property
