@@ -11,29 +11,22 @@ the moment a GPU can take the batch, never earlier (see ``docs/protocol.md``).
 Tasks, all on one event loop, sharing state without locks (no await between
 reading and changing it):
 
-* one **intake** task per consumer (tier topics; worker events) decodes
-  records, updates the core or the slot registry at once, and sets a wake-up
-  event;
+* one **intake** task per consumer decodes records, updates the core
+  (tier topics, :mod:`scheduler.intake`) or the slot registry (worker
+  events) at once, and sets a wake-up event;
 * the **dispatch** loop waits on that event or on the next timer (the
   earliest deadline of a held request, a worker timeout, the state
   snapshot), then expires, dispatches and publishes. It reacts to a worker
   event within the fetch latency plus microseconds;
-* the **commit** loop commits tier offsets up to the oldest held request
-  (:mod:`scheduler.offsets`); a batch or an ``expired`` result counts as
-  done only once the broker acknowledged it.
+* the **commit** loop commits tier offsets up to the oldest held request;
+  a batch or an ``expired`` result counts as done only once the broker
+  acknowledged it.
 
-Never dies on bad input: an undecodable tier record goes to the dead-letter
-topic, and its sender gets an ``invalid`` result when its address can still
-be read. Memory is bounded: at ``service.max_held_requests`` held, the tier
-consumers pause; they resume below 90 % of it.
+Bad records, backpressure and offsets are the intake's (see there).
 
 Stop (SIGTERM/SIGINT): stop fetching, let acknowledged work commit, commit
 nothing still held (a restart replays it), log totals. SIGHUP reloads the
 configuration file; an invalid one is refused and the old one stays.
-
-Caveat: a revoked tier partition's held requests stay held and are still
-dispatched (the new owner replays them too: a duplicate, which results by
-request id absorb); the core has no removal by id.
 """
 
 from __future__ import annotations
@@ -50,12 +43,10 @@ from typing import Any, Self
 
 import msgspec
 import structlog
-from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
-from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -70,10 +61,10 @@ from plumbing.topics import ensure_topics
 from scheduler.core import Policy, Scheduler
 from scheduler.entry import Entry
 from scheduler.flow import FlowControl, LostWorker
+from scheduler.intake import TierIntake, send_result
 from scheduler.metrics import SchedulerMetrics
-from scheduler.offsets import OffsetTracker
 from scheduler.snapshot import Backlog, ServiceRate, lane_state
-from schemas.codec import DecodeError, codec_for, content_type, format_from_headers
+from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, Batch, Result, SchedulerState, WorkerEvent
 from schemas.topics import Topics
@@ -82,28 +73,10 @@ __all__ = ["SchedulerService", "SchedulerSettings", "add_arguments", "run"]
 
 log = structlog.get_logger("scheduler")
 
-_request_codec = codec_for(AdmittedRequest)
 _batch_codec = codec_for(Batch)
-_result_codec = codec_for(Result)
 _event_codec = codec_for(WorkerEvent)
 _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
-
-
-class _ReplyAddress(msgspec.Struct):
-    """What can still be read from a broken request: enough to answer it."""
-
-    id: str
-    reply_to: str
-    org: str = ""
-    endpoint: str = ""
-    reply_format: str = "json"
-
-
-_address_decoders = {
-    "json": msgspec.json.Decoder(_ReplyAddress),
-    "msgpack": msgspec.msgpack.Decoder(_ReplyAddress),
-}
 
 
 @dataclass(frozen=True)
@@ -128,17 +101,6 @@ class SchedulerSettings:
     metrics_port: int | None = None
 
 
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, service: SchedulerService):
-        self.service = service
-
-    async def on_partitions_revoked(self, revoked):
-        await self.service._on_revoked(list(revoked))
-
-    async def on_partitions_assigned(self, assigned):
-        self.service._on_assigned(list(assigned))
-
-
 class SchedulerService:
     """The fair scheduler on Kafka: ``async with SchedulerService(...) as s: await s.run()``."""
 
@@ -153,27 +115,24 @@ class SchedulerService:
         self.metrics = SchedulerMetrics(self.registry)
         self.core = Scheduler(config, self.settings.policy)
         self.flow = FlowControl(config.service.worker_timeout_ms)
-        self.offsets = OffsetTracker()
         self.backlog = Backlog()
         self.rates = ServiceRate()
         self.instance = uuid.uuid4().hex[:8]
-        self._origin: dict[str, tuple[TopicPartition, int]] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._pending: set[asyncio.Future] = set()
         self._producer = None
-        self._tier_consumer = None
         self._event_consumer = None
         self._telemetry: TelemetryServer | None = None
-        self._assigned: set[TopicPartition] = set()
-        self._end_offsets: dict[TopicPartition, int] = {}
-        self._paused = False
         self._batch_seq = 0
         self._rounds: dict[str, int] = {}
         self._next_state_s = 0.0
         self._tasks: list[asyncio.Task] = []
         self.totals = {"received": 0, "dispatched": 0, "batches": 0, "expired": 0,
                        "invalid": 0, "duplicates": 0}
+        self.intake = TierIntake(config, self.topics, self.core, self.backlog, self.metrics,
+                                 self.totals, self._wake,
+                                 max_poll_records=self.settings.max_poll_records)
         self.started = False
 
     # -- lifecycle -------------------------------------------------------------
@@ -191,11 +150,7 @@ class SchedulerService:
         await ensure_topics(self.kafka, self.topics.all(cfg))
         self._producer = make_producer(self.kafka, linger_ms=self.settings.linger_ms)
         await self._producer.start()
-        self._tier_consumer = make_consumer(
-            self.kafka, group_id=f"{self.topics.prefix}scheduler",
-            max_poll_records=self.settings.max_poll_records)
-        self._tier_consumer.subscribe(self._tier_topics(cfg), listener=_Listener(self))
-        await self._tier_consumer.start()
+        await self.intake.start(self.kafka, self._producer)
         self._event_consumer = make_consumer(self.kafka, group_id=None)
         await self._event_consumer.start()
         await self._seek_recent_events()
@@ -212,10 +167,11 @@ class SchedulerService:
     async def run(self) -> None:
         """Serve until :meth:`request_stop` (or cancellation)."""
         self._tasks = [
-            asyncio.create_task(self._tier_loop(), name="scheduler-tiers"),
+            asyncio.create_task(self.intake.run(), name="scheduler-tiers"),
             asyncio.create_task(self._event_loop(), name="scheduler-events"),
             asyncio.create_task(self._dispatch_loop(), name="scheduler-dispatch"),
-            asyncio.create_task(self._commit_loop(), name="scheduler-commit"),
+            asyncio.create_task(self.intake.commit_loop(self.settings.commit_interval_ms / 1000),
+                                name="scheduler-commit"),
         ]
         stop = asyncio.create_task(self._stopping.wait())
         try:
@@ -238,18 +194,16 @@ class SchedulerService:
         await self._cancel_tasks()
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=5)
-        with contextlib.suppress(Exception):
-            await self._commit()
-        for consumer in (self._tier_consumer, self._event_consumer):
-            if consumer is not None:
-                with contextlib.suppress(Exception):
-                    await stop_consumer(consumer)
+        await self.intake.stop()
+        if self._event_consumer is not None:
+            with contextlib.suppress(Exception):
+                await stop_consumer(self._event_consumer)
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await self._producer.stop()
         if self._telemetry is not None:
             await self._telemetry.stop()
-        self._tier_consumer = self._event_consumer = self._producer = None
+        self._event_consumer = self._producer = None
         if self.started:
             log.info("scheduler_stopped", held=self.core.held, **self.totals)
         self.started = False
@@ -265,26 +219,21 @@ class SchedulerService:
     def readiness(self) -> tuple[bool, str]:
         if self._producer is None:
             return False, "producer not started"
-        if not self._assigned:
+        if not self.intake.assigned:
             return False, "no tier partition assigned"
-        return True, f"ok: {len(self._assigned)} tier partitions, {self.core.held} held"
+        return True, f"ok: {len(self.intake.assigned)} tier partitions, {self.core.held} held"
 
     # -- configuration ---------------------------------------------------------
-
-    def _tier_topics(self, cfg: Config) -> list[str]:
-        return [self.topics.tier(t) for t in cfg.tier_names]
 
     async def reload(self, config: Config) -> None:
         """Apply a new configuration without dropping a held request."""
         if config.service.topic_prefix != self.config.service.topic_prefix:
             raise ConfigError(["service.topic_prefix cannot change while running"])
         await ensure_topics(self.kafka, self.topics.all(config))
-        old_topics = self._tier_topics(self.config)
         self.core.reconfigure(config)
         self.flow.worker_timeout_ms = config.service.worker_timeout_ms
         self.config = config
-        if self._tier_topics(config) != old_topics and self._tier_consumer is not None:
-            self._tier_consumer.subscribe(self._tier_topics(config), listener=_Listener(self))
+        self.intake.reconfigure(config)
         self._wake.set()
         log.info("config_reloaded", tiers=config.tier_names, endpoints=list(config.endpoints))
 
@@ -297,113 +246,6 @@ class SchedulerService:
             log.error("config_refused", path=path, problems=e.problems)
             return False
         return True
-
-    # -- intake: tier topics ---------------------------------------------------
-
-    def _on_assigned(self, assigned: list[TopicPartition]) -> None:
-        self._assigned = set(assigned)
-        if self._paused:
-            self._tier_consumer.pause(*assigned)
-        log.info("tier_partitions_assigned", partitions=len(assigned))
-
-    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
-        with contextlib.suppress(Exception):
-            await self._commit(only=set(revoked))
-        for tp in revoked:
-            self.offsets.forget(tp)
-        self._assigned -= set(revoked)
-
-    async def _tier_loop(self) -> None:
-        consumer = self._tier_consumer
-        while True:
-            batches = await consumer.getmany(timeout_ms=1000)
-            for tp, records in batches.items():
-                for rec in records:
-                    await self._take_record(tp, rec)
-            if batches:
-                self._check_pressure()
-                self._wake.set()
-
-    async def _take_record(self, tp: TopicPartition, rec) -> None:
-        try:
-            fmt = format_from_headers(rec.headers)
-            req = _request_codec.decode(rec.value, fmt,
-                                        max_bytes=self.config.service.max_message_bytes)
-        except DecodeError as e:
-            await self._reject_record(rec, e.reason, str(e))
-            self.offsets.consumed(tp, rec.offset)
-            return
-        if req.endpoint not in self.core.lanes:
-            await self._reject_record(rec, "unknown_endpoint",
-                                      f"endpoint {req.endpoint!r} is not configured")
-            self.offsets.consumed(tp, rec.offset)
-            return
-        tier = self._tier_of(req.tier)
-        entry = Entry(req.id, req.org, tier, req.tokens, priority=req.priority,
-                      deadline=None if req.deadline_at_ms is None else req.deadline_at_ms / 1000,
-                      arrival=time.time(), payload=req)
-        self.totals["received"] += 1
-        self.metrics.received.labels(tier).inc()
-        if self.core.push(req.endpoint, entry):
-            self.offsets.hold(tp, rec.offset)
-            self._origin[req.id] = (tp, rec.offset)
-            self.backlog.add(req.endpoint, tier, req.org, req.tokens)
-        else:
-            self.totals["duplicates"] += 1
-            self.metrics.duplicates.labels(tier).inc()
-            self.offsets.consumed(tp, rec.offset)
-
-    def _tier_of(self, tier: str) -> str:
-        names = self.config.tier_names
-        return tier if tier in names else names[-1]
-
-    async def _reject_record(self, rec, reason: str, error: str) -> None:
-        """Dead-letter a tier record and answer its sender if the address is readable."""
-        self.totals["invalid"] += 1
-        self.metrics.failures.labels(reason).inc()
-        log.warning("request_invalid", topic=rec.topic, partition=rec.partition,
-                    offset=rec.offset, reason=reason, error=error[:300])
-        try:
-            await send_dead_letter(self._producer, self.topics.dead_letters, rec, reason, error)
-        except KafkaError as e:
-            log.error("dead_letter_failed", error=repr(e))
-        addr = self._reply_address(rec)
-        if addr is None:
-            return
-        result = Result(id=addr.id, status="invalid", org=addr.org, endpoint=addr.endpoint,
-                        reason=reason, message=error[:1000],
-                        completed_ms=int(time.time() * 1000))
-        fmt = "msgpack" if addr.reply_format == "msgpack" else "json"
-        try:
-            await self._send_result(addr.reply_to, result, fmt)
-        except KafkaError as e:
-            log.error("result_send_failed", request_id=addr.id, error=repr(e))
-
-    def _reply_address(self, rec) -> _ReplyAddress | None:
-        reply_prefix = self.topics.reply_prefix(self.config)
-        for fmt in ("msgpack", "json"):
-            try:
-                addr = _address_decoders[fmt].decode(rec.value or b"")
-            except (msgspec.DecodeError, ValueError, RecursionError):
-                continue
-            ok_topic = addr.reply_to == self.topics.results or addr.reply_to.startswith(reply_prefix)
-            if ok_topic and addr.id:
-                return addr
-        return None
-
-    def _check_pressure(self) -> None:
-        limit = self.config.service.max_held_requests
-        consumer = self._tier_consumer
-        if not self._paused and self.core.held >= limit:
-            self._paused = True
-            consumer.pause(*consumer.assignment())
-            self.metrics.paused.set(1)
-            log.warning("intake_paused", held=self.core.held, max_held_requests=limit)
-        elif self._paused and self.core.held < 0.9 * limit:
-            self._paused = False
-            consumer.resume(*consumer.assignment())
-            self.metrics.paused.set(0)
-            log.info("intake_resumed", held=self.core.held)
 
     # -- intake: worker events -------------------------------------------------
 
@@ -479,8 +321,8 @@ class SchedulerService:
                 self._lost(lost)
             self._expired(self.core.expire(now))
             await self._dispatch(now)
-            if self._paused:
-                self._check_pressure()
+            if self.intake.paused:
+                self.intake.check_pressure()
             if now >= self._next_state_s:
                 self._next_state_s = now + state_every_s
                 self._publish_state(now)
@@ -544,7 +386,7 @@ class SchedulerService:
         if ep is not None:
             m.batch_fill.labels(endpoint).observe(batch.tokens / ep.max_batch_tokens)
         for e in entries:
-            self._release(e.id)
+            self.intake.release(e.id)
             m.queue_wait.labels(e.tier).observe(max(0.0, now - e.payload.admitted_ms / 1000))
         self.totals["batches"] += 1
         self.totals["dispatched"] += len(entries)
@@ -562,11 +404,6 @@ class SchedulerService:
         log.error("batch_send_failed", batch_id=batch.id, endpoint=endpoint,
                   requests=len(entries), error=repr(error))
         self._wake.set()
-
-    def _release(self, request_id: str) -> None:
-        origin = self._origin.pop(request_id, None)
-        if origin is not None:
-            self.offsets.release(*origin)
 
     def _expired(self, entries: Iterable[Entry]) -> None:
         now_ms = int(time.time() * 1000)
@@ -588,18 +425,13 @@ class SchedulerService:
 
     async def _send_expired(self, req: AdmittedRequest, result: Result) -> None:
         try:
-            await self._send_result(req.reply_to, result, req.reply_format)
+            await send_result(self._producer, req.reply_to, result, req.reply_format)
         except KafkaError as e:
             # Not released: the offset stays uncommitted and a restart retries.
             self.metrics.failures.labels("result_send").inc()
             log.error("result_send_failed", request_id=req.id, error=repr(e))
             return
-        self._release(req.id)
-
-    async def _send_result(self, topic: str, result: Result, fmt: str) -> None:
-        await self._producer.send_and_wait(
-            topic, _result_codec.encode(result, fmt), key=result.id.encode(),
-            headers=[("content-type", content_type(fmt).encode())])
+        self.intake.release(req.id)
 
     # -- state, commits --------------------------------------------------------
 
@@ -625,7 +457,7 @@ class SchedulerService:
             if st.rounds > prev:
                 m.drr_rounds.labels(endpoint).inc(st.rounds - prev)
             self._rounds[endpoint] = st.rounds
-        self._update_lag()
+        self.intake.update_lag()
         state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held)
         self._spawn(self._send_state(state))
 
@@ -645,47 +477,6 @@ class SchedulerService:
                                       headers=_MSGPACK_HEADERS)
         except KafkaError as e:
             log.warning("state_send_failed", error=repr(e))
-
-    def _update_lag(self) -> None:
-        consumer = self._tier_consumer
-        if consumer is None:
-            return
-        lag: dict[str, int] = {t: 0 for t in self.config.tier_names}
-        by_topic = {self.topics.tier(t): t for t in self.config.tier_names}
-        for tp in self._assigned:
-            # highwater comes with each fetch, so it is stale while paused; the
-            # end offsets asked for by the commit loop cover that (on Tansu they
-            # may lag the true end by one produce batch).
-            high = max(consumer.highwater(tp) or 0, self._end_offsets.get(tp, 0))
-            tier = by_topic.get(tp.topic)
-            if tier is None:
-                continue
-            lag[tier] += max(0, high - (self.offsets.position(tp) or 0))
-        for tier, n in lag.items():
-            self.metrics.lag.labels(tier).set(n)
-
-    async def _commit_loop(self) -> None:
-        every = self.settings.commit_interval_ms / 1000
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await self._commit()
-            except KafkaError as e:
-                log.warning("commit_failed", error=repr(e))
-            if self._paused and self._assigned:
-                with contextlib.suppress(KafkaError):
-                    self._end_offsets = await self._tier_consumer.end_offsets(list(self._assigned))
-
-    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
-        consumer = self._tier_consumer
-        if consumer is None:
-            return
-        offsets = {tp: off for tp, off in self.offsets.to_commit().items()
-                   if tp in self._assigned and (only is None or tp in only)}
-        if not offsets:
-            return
-        await consumer.commit({tp: OffsetAndMetadata(off, "") for tp, off in offsets.items()})
-        self.offsets.committed(offsets)
 
     # -- helpers ---------------------------------------------------------------
 

@@ -1,0 +1,303 @@
+"""The scheduler's intake: admitted requests from the tier topics into the core.
+
+One consumer (group ``<prefix>scheduler``, manual commits) reads every
+``requests.<tier>`` topic. Each record is decoded and pushed into the core
+at once; its offset is *held* (:mod:`scheduler.offsets`) until the service
+reports the request done (its batch or its ``expired`` result acknowledged
+by the broker), and offsets are committed only up to the oldest held one.
+A crash therefore replays every request not yet done; a replayed id already
+held is ignored by the core.
+
+Bad records never stop the loop: an undecodable one, or one for an endpoint
+this configuration does not know, goes to the dead-letter topic, and its
+sender gets an ``invalid`` result when an id and an allowed reply topic can
+still be read from it.
+
+Memory is bounded: at ``service.max_held_requests`` held the consumer
+pauses its partitions (admission meanwhile rejects with ``overloaded``), and
+resumes below 90 % of it, so it does not flap at the limit. The overshoot is
+at most one fetch (``max_poll_records``).
+
+Caveat: held requests of a revoked partition stay in the core and are still
+dispatched, while the partition's next owner replays them: a duplicate,
+absorbed by results being keyed by request id. The core has no removal by
+id to avoid it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+import structlog
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+from plumbing.deadletter import send_dead_letter
+from plumbing.kafka import KafkaSettings, make_consumer, stop_consumer
+from scheduler.core import Scheduler
+from scheduler.entry import Entry
+from scheduler.metrics import SchedulerMetrics
+from scheduler.offsets import OffsetTracker
+from scheduler.snapshot import Backlog
+from schemas.codec import DecodeError, codec_for, content_type, format_from_headers
+from schemas.config import Config
+from schemas.messages import AdmittedRequest, Result
+from schemas.topics import Topics
+
+__all__ = ["TierIntake", "send_result"]
+
+log = structlog.get_logger("scheduler")
+
+_request_codec = codec_for(AdmittedRequest)
+_result_codec = codec_for(Result)
+#: Resume intake below this fraction of max_held_requests.
+_RESUME_AT = 0.9
+
+
+class _ReplyAddress(msgspec.Struct):
+    """What can still be read from a broken request: enough to answer it."""
+
+    id: str
+    reply_to: str
+    org: str = ""
+    endpoint: str = ""
+    reply_format: str = "json"
+
+
+_address_decoders = {
+    "json": msgspec.json.Decoder(_ReplyAddress),
+    "msgpack": msgspec.msgpack.Decoder(_ReplyAddress),
+}
+
+
+async def send_result(producer, topic: str, result: Result, fmt: str) -> None:
+    """Write ``result`` keyed by its request id in ``fmt`` and wait for the ack."""
+    await producer.send_and_wait(
+        topic, _result_codec.encode(result, fmt), key=result.id.encode(),
+        headers=[("content-type", content_type(fmt).encode())])
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, intake: TierIntake):
+        self.intake = intake
+
+    async def on_partitions_revoked(self, revoked):
+        await self.intake._on_revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned):
+        self.intake._on_assigned(list(assigned))
+
+
+class TierIntake:
+    """Reads the tier topics into ``core``; owns their offsets and commits.
+
+    Shares ``core``, ``backlog``, ``metrics`` and ``totals`` with the
+    service, on one event loop: every change happens between awaits.
+    """
+
+    def __init__(self, config: Config, topics: Topics, core: Scheduler, backlog: Backlog,
+                 metrics: SchedulerMetrics, totals: dict[str, int], wake: asyncio.Event, *,
+                 max_poll_records: int = 500):
+        self.config = config
+        self.topics = topics
+        self.core = core
+        self.backlog = backlog
+        self.metrics = metrics
+        self.totals = totals
+        self.wake = wake
+        self.max_poll_records = max_poll_records
+        self.offsets = OffsetTracker()
+        self.assigned: set[TopicPartition] = set()
+        self.paused = False
+        self._origin: dict[str, tuple[TopicPartition, int]] = {}
+        self._end_offsets: dict[TopicPartition, int] = {}
+        self._consumer = None
+        self._producer = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self, kafka: KafkaSettings, producer) -> None:
+        self._producer = producer
+        self._consumer = make_consumer(kafka, group_id=f"{self.topics.prefix}scheduler",
+                                       max_poll_records=self.max_poll_records)
+        self._consumer.subscribe(self.tier_topics(self.config), listener=_Listener(self))
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        """Commit what is done (never a held request), then leave the group."""
+        if self._consumer is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.commit()
+        with contextlib.suppress(Exception):
+            await stop_consumer(self._consumer)
+        self._consumer = None
+
+    def tier_topics(self, config: Config) -> list[str]:
+        return [self.topics.tier(t) for t in config.tier_names]
+
+    def reconfigure(self, config: Config) -> None:
+        """Follow a new configuration; new tiers mean a new subscription (a rebalance)."""
+        old = self.tier_topics(self.config)
+        self.config = config
+        if self.tier_topics(config) != old and self._consumer is not None:
+            self._consumer.subscribe(self.tier_topics(config), listener=_Listener(self))
+
+    def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.assigned = set(assigned)
+        if self.paused:
+            self._consumer.pause(*assigned)
+        log.info("tier_partitions_assigned", partitions=len(assigned))
+
+    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        with contextlib.suppress(Exception):
+            await self.commit(only=set(revoked))
+        for tp in revoked:
+            self.offsets.forget(tp)
+        self.assigned -= set(revoked)
+
+    # -- reading ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read forever; wake the dispatcher after every fetch that brought records."""
+        consumer = self._consumer
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000)
+            for tp, records in batches.items():
+                for rec in records:
+                    await self._take(tp, rec)
+            if batches:
+                self.check_pressure()
+                self.wake.set()
+
+    async def _take(self, tp: TopicPartition, rec) -> None:
+        try:
+            req = _request_codec.decode(rec.value, format_from_headers(rec.headers),
+                                        max_bytes=self.config.service.max_message_bytes)
+        except DecodeError as e:
+            await self._reject(rec, e.reason, str(e))
+            self.offsets.consumed(tp, rec.offset)
+            return
+        if req.endpoint not in self.core.lanes:
+            await self._reject(rec, "unknown_endpoint",
+                               f"endpoint {req.endpoint!r} is not configured")
+            self.offsets.consumed(tp, rec.offset)
+            return
+        names = self.config.tier_names
+        tier = req.tier if req.tier in names else names[-1]  # a tier removed by a reload
+        entry = Entry(req.id, req.org, tier, req.tokens, priority=req.priority,
+                      deadline=None if req.deadline_at_ms is None else req.deadline_at_ms / 1000,
+                      arrival=time.time(), payload=req)
+        self.totals["received"] += 1
+        self.metrics.received.labels(tier).inc()
+        if self.core.push(req.endpoint, entry):
+            self.offsets.hold(tp, rec.offset)
+            self._origin[req.id] = (tp, rec.offset)
+            self.backlog.add(req.endpoint, tier, req.org, req.tokens)
+        else:
+            self.totals["duplicates"] += 1
+            self.metrics.duplicates.labels(tier).inc()
+            self.offsets.consumed(tp, rec.offset)
+
+    async def _reject(self, rec, reason: str, error: str) -> None:
+        """Dead-letter a tier record and answer its sender if the address is readable."""
+        self.totals["invalid"] += 1
+        self.metrics.failures.labels(reason).inc()
+        log.warning("request_invalid", topic=rec.topic, partition=rec.partition,
+                    offset=rec.offset, reason=reason, error=error[:300])
+        try:
+            await send_dead_letter(self._producer, self.topics.dead_letters, rec, reason, error)
+        except KafkaError as e:
+            log.error("dead_letter_failed", error=repr(e))
+        addr = self._reply_address(rec)
+        if addr is None:
+            return
+        result = Result(id=addr.id, status="invalid", org=addr.org, endpoint=addr.endpoint,
+                        reason=reason, message=error[:1000],
+                        completed_ms=int(time.time() * 1000))
+        fmt = "msgpack" if addr.reply_format == "msgpack" else "json"
+        try:
+            await send_result(self._producer, addr.reply_to, result, fmt)
+        except KafkaError as e:
+            log.error("result_send_failed", request_id=addr.id, error=repr(e))
+
+    def _reply_address(self, rec) -> _ReplyAddress | None:
+        allowed = self.topics.reply_prefix(self.config)
+        for fmt in ("msgpack", "json"):
+            try:
+                addr = _address_decoders[fmt].decode(rec.value or b"")
+            except (msgspec.DecodeError, ValueError, RecursionError):
+                continue
+            if addr.id and (addr.reply_to == self.topics.results
+                            or addr.reply_to.startswith(allowed)):
+                return addr
+        return None
+
+    # -- done, pressure, lag, commits -------------------------------------------
+
+    def release(self, request_id: str) -> None:
+        """``request_id`` is done: its offset may be committed past."""
+        origin = self._origin.pop(request_id, None)
+        if origin is not None:
+            self.offsets.release(*origin)
+
+    def check_pressure(self) -> None:
+        """Pause at max_held_requests, resume below 90 % of it."""
+        limit = self.config.service.max_held_requests
+        consumer = self._consumer
+        if consumer is None:
+            return
+        if not self.paused and self.core.held >= limit:
+            self.paused = True
+            consumer.pause(*consumer.assignment())
+            self.metrics.paused.set(1)
+            log.warning("intake_paused", held=self.core.held, max_held_requests=limit)
+        elif self.paused and self.core.held < _RESUME_AT * limit:
+            self.paused = False
+            consumer.resume(*consumer.assignment())
+            self.metrics.paused.set(0)
+            log.info("intake_resumed", held=self.core.held)
+
+    def update_lag(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        lag: dict[str, int] = {t: 0 for t in self.config.tier_names}
+        by_topic = {self.topics.tier(t): t for t in self.config.tier_names}
+        for tp in self.assigned:
+            tier = by_topic.get(tp.topic)
+            if tier is None:
+                continue
+            # highwater comes with each fetch, so it is stale while paused; the
+            # end offsets the commit loop asks for then cover that (on Tansu
+            # they may lag the true end by one produce batch).
+            high = max(consumer.highwater(tp) or 0, self._end_offsets.get(tp, 0))
+            lag[tier] += max(0, high - (self.offsets.position(tp) or 0))
+        for tier, n in lag.items():
+            self.metrics.lag.labels(tier).set(n)
+
+    async def commit_loop(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.commit()
+            except KafkaError as e:
+                log.warning("commit_failed", error=repr(e))
+            if self.paused and self.assigned:
+                with contextlib.suppress(KafkaError):
+                    self._end_offsets = await self._consumer.end_offsets(list(self.assigned))
+
+    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Commit each partition up to its oldest held request (or all it read)."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        offsets = {tp: off for tp, off in self.offsets.to_commit().items()
+                   if tp in self.assigned and (only is None or tp in only)}
+        if offsets:
+            await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
+            self.offsets.committed(offsets)
