@@ -1,0 +1,191 @@
+"""Replay on the embedded broker: a topic's time window, and a trace through the live pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from plumbing.kafka import KafkaSettings, make_consumer, make_producer
+from plumbing.topics import ensure_topics
+from producer.replay import ReplaySettings, add_arguments, replay, replay_command
+from producer.replay_sources import read_window
+from scheduler.trace import TraceRecord, noisy_neighbour, write_trace
+from schemas.codec import codec_for, content_type, format_from_headers
+from schemas.config import Config, parse_config
+from schemas.messages import EmbedInput, Request, RerankInput
+from schemas.topics import Topics
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config.toml"
+_codec = codec_for(Request)
+
+
+def config_text(prefix: str) -> str:
+    return EXAMPLE.read_text().replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"')
+
+
+def config(prefix: str) -> Config:
+    return parse_config(config_text(prefix))
+
+
+def window_requests(name: str, start_ms: int, prefix: str) -> list[tuple[int, Request]]:
+    """Twelve requests of three orgs, 50 ms apart from ``start_ms``, embed and rerank."""
+    out = []
+    for i in range(12):
+        org = ("acme", "bulkcorp", "quiet-1")[i % 3]
+        inp = (EmbedInput(texts=[f"{name} text {i}", "second"]) if i % 4 else
+               RerankInput(query=f"{name} query {i}", documents=["a b", "c"]))
+        out.append((start_ms + 50 * i, Request(
+            id=f"{name}-{i}", org=org, endpoint="rerank" if i % 4 == 0 else "embed", input=inp,
+            priority=i % 3, deadline_ms=5_000 + i, created_ms=start_ms + 50 * i,
+            reply_to=f"{prefix}replies.production")))
+    return out
+
+
+async def produce_windows(kafka: KafkaSettings, topic: str, prefix: str
+                          ) -> tuple[int, dict[str, list[Request]]]:
+    """Windows a, b, c, 30 s apart (record timestamps set explicitly), plus garbage in b."""
+    base = int(time.time() * 1000) - 120_000
+    windows = {w: window_requests(w, base + k * 30_000, prefix) for k, w in enumerate("abc")}
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        for w, reqs in windows.items():
+            for i, (ts, req) in enumerate(reqs):
+                fmt = "msgpack" if i % 2 else "json"
+                await producer.send_and_wait(
+                    topic, _codec.encode(req, fmt), key=req.org.encode(), timestamp_ms=ts,
+                    headers=[("content-type", content_type(fmt).encode())])
+            if w == "b":
+                await producer.send_and_wait(topic, b"not a request", key=b"x",
+                                             timestamp_ms=reqs[3][0] + 1)
+    finally:
+        await producer.stop()
+    return base, {w: [r for _, r in reqs] for w, reqs in windows.items()}
+
+
+async def read_all(kafka: KafkaSettings, topic: str, partitions: int) -> list[tuple[str, Request]]:
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    out = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        for _ in range(20):
+            got = await consumer.getmany(timeout_ms=200)
+            for records in got.values():
+                for rec in records:
+                    fmt = format_from_headers(rec.headers)
+                    out.append((fmt, _codec.decode(rec.value, fmt)))
+            if not got and out:
+                break
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def test_replay_of_the_middle_window_resends_exactly_its_records(
+        kafka_settings, topic_prefix):
+    """Of three time windows, replaying the middle one re-sends exactly its requests, re-keyed."""
+    cfg = config(topic_prefix)
+    ingress = Topics.of(cfg).ingress
+    capture = f"{topic_prefix}what-if.requests"
+    await ensure_topics(kafka_settings, {ingress: 4, capture: 1})
+    base, windows = await produce_windows(kafka_settings, ingress, topic_prefix)
+
+    window = await read_window(kafka_settings, ingress, base + 15_000, base + 45_000)
+    assert sorted(it.request.id for it in window.items) == sorted(r.id for r in windows["b"])
+    assert len(window.skipped) == 1 and "not a request" not in window.skipped[0]
+
+    run = await replay(kafka_settings, cfg, window.items, ReplaySettings(
+        speed=50, to_topic=capture, timeout_s=0.3, progress=False, samples=False))
+    sent = await read_all(kafka_settings, capture, 1)
+    originals = {r.id: r for r in windows["b"]}
+    assert len(sent) == len(originals)
+    seen = set()
+    for fmt, req in sent:
+        original_id, origin = run.id_map[req.id]
+        orig = originals[original_id]
+        seen.add(original_id)
+        assert req.id != orig.id and req.id.startswith(run.stats["run_id"])
+        assert origin.startswith(f"{ingress}/")
+        assert req.reply_to == run.stats["reply_topic"] != orig.reply_to
+        assert (req.org, req.endpoint, req.input, req.priority, req.deadline_ms) == (
+            orig.org, orig.endpoint, orig.input, orig.priority, orig.deadline_ms)
+        assert fmt == ("msgpack" if int(orig.id.split("-")[1]) % 2 else "json")
+    assert seen == set(originals)
+    # Sent in recorded order (their relative timing is kept by the schedule).
+    assert [run.id_map[w][0] for w in run.wire_ids] == [r.id for r in windows["b"]]
+    # No pipeline answers here: each request is still accounted for, as missing.
+    assert sorted(o.id for o in run.outcomes) == sorted(originals)
+    assert {o.status for o in run.outcomes} == {"missing"}
+
+
+async def test_window_without_until_reads_to_the_end_as_of_the_start(kafka_settings, topic_prefix):
+    """With no --until, a window ends at each partition's high watermark when the read began."""
+    cfg = config(topic_prefix)
+    ingress = Topics.of(cfg).ingress
+    await ensure_topics(kafka_settings, {ingress: 4})
+    base, windows = await produce_windows(kafka_settings, ingress, topic_prefix)
+    window = await read_window(kafka_settings, ingress, base + 45_000)
+    assert sorted(it.request.id for it in window.items) == sorted(r.id for r in windows["c"])
+    assert [it.ts for it in window.items] == sorted(it.ts for it in window.items)
+    assert window.items[0].ts == 0.0
+
+
+def cli_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+async def test_trace_replay_through_the_live_pipeline_reports_every_request(
+        broker, kafka_settings, topic_prefix, tmp_path):
+    """A noisy-neighbour trace through the in-process pipeline: one outcome per request, report."""
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(config_text(topic_prefix))
+    records = noisy_neighbour(300, quiet_orgs=["quiet-2"], victim_requests=3,
+                              victim_interval_s=0.1, tokens=16)
+    records += [TraceRecord(ts=0.2, org="searchco", endpoint="rerank", tokens=40, id="rr-1"),
+                TraceRecord(ts=0.25, org="nobody", endpoint="embed", tokens=8, id="who-1")]
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, sorted(records, key=lambda r: r.ts))
+    report = tmp_path / "report"
+    rc = await replay_command(cli_args([
+        "--config", str(cfg_path), "--trace", str(trace), "--bootstrap", broker.bootstrap,
+        "--embedded", "--model", "fake:ms_per_token=0.01", "--speed", "2",
+        "--report", str(report), "--compare-simulate", "--timeout-s", "30", "--no-progress",
+        "--kafka-session-timeout-ms", "2000", "--kafka-heartbeat-interval-ms", "500"]))
+    assert rc == 0
+    summary = json.loads((report / "report.json").read_text())
+    totals = summary["totals"]
+    assert totals["requests"] == len(records)
+    assert (totals["completed"], totals["invalid"], totals["missing"]) == (len(records) - 1, 1, 0)
+    assert summary["orgs"]["quiet-1"]["completed"] == 3
+    assert summary["rejections"] == {"invalid: unknown_org": 1}
+    outcomes = [json.loads(line) for line in (report / "outcomes.jsonl").open()]
+    assert sorted(o["id"] for o in outcomes) == sorted(r.id for r in records)
+    assert summary["meta"]["token_margin"]["max_abs_diff"] == 0
+    compare = (report / "compare.md").read_text()
+    assert "quiet-1" in compare and "p99 ms simulate" in compare
+    assert (report / "simulate" / "report.json").exists()
+    assert sum(1 for _ in (report / "trace.jsonl").open()) == len(records)
+    assert sum(1 for _ in (report / "id_map.jsonl").open()) == len(records)
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--from-topic", "x"], "--since"),
+    (["--trace", "t.jsonl", "--from-topic", "x"], "one of"),
+    (["--from-topic", "x", "--since", "1700000000", "--bootstrap", "embedded"], "--bootstrap"),
+])
+async def test_command_refuses_inconsistent_sources(argv, problem, capsys):
+    """Conflicting or incomplete source flags are refused before anything starts."""
+    rc = await replay_command(cli_args(["--config", str(EXAMPLE), *argv]))
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert problem in err or "give --trace" in err

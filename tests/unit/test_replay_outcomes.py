@@ -1,0 +1,99 @@
+"""Replay results to report outcomes: every request accounted for, live Jain's index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from producer.replay import _outcomes, _peak_per_s, live_jain
+from producer.replay_sources import ReplayItem
+from scheduler.report import Outcome
+from schemas.config import load_config
+from schemas.messages import EmbedInput, Request, Result
+
+CONFIG = load_config(Path(__file__).resolve().parents[2] / "examples" / "config.toml")
+WALL0 = 1_700_000_000.0
+
+
+def item(i: int, org: str = "quiet-1", tokens: int = 10) -> ReplayItem:
+    req = Request(id=f"orig-{i}", org=org, endpoint="embed", input=EmbedInput(texts=["x"]))
+    return ReplayItem(ts=i * 0.1, request=req, tokens=tokens)
+
+
+def ms(t: float) -> int:
+    return int((WALL0 + t) * 1000)
+
+
+def test_each_item_one_outcome_whatever_came_back():
+    """ok, rejected, a refused send and no answer at all each give one outcome, in item order."""
+    items = [item(i) for i in range(5)]
+    sent = [WALL0 + i * 0.1 for i in range(5)]
+    ok = Result(id="w-0", status="ok", org="quiet-1", endpoint="embed", tokens=10,
+                batch_id="b1", admitted_ms=ms(0.01), dispatched_ms=ms(0.02),
+                completed_ms=ms(0.05))
+    ok2 = Result(id="w-1", status="ok", org="quiet-1", endpoint="embed", tokens=12,
+                 batch_id="b1", admitted_ms=ms(0.11), dispatched_ms=ms(0.12),
+                 completed_ms=ms(0.15))
+    rejected = Result(id="w-2", status="rejected", reason="rate_limited")
+    got = [(ok, WALL0 + 0.06), (ok2, WALL0 + 0.2), (rejected, WALL0 + 0.25), None, None]
+    out = _outcomes(CONFIG, items, got, sent, {4: "KafkaError()"}, WALL0)
+    assert [o.id for o in out] == [f"orig-{i}" for i in range(5)]
+    assert [o.status for o in out] == ["ok", "ok", "rejected", "missing", "failed"]
+    assert out[0].latency_s == pytest.approx(0.05, abs=1e-3)
+    assert out[0].tier == "standard"
+    assert out[0].batch_tokens == 22 and out[0].batch_budget == 4096
+    assert out[2].reason == "rate_limited"
+    assert out[3].reason == "no_result_within_timeout"
+    assert out[4].reason == "replay_send_failed"
+
+
+def test_latency_is_clamped_between_send_and_receipt():
+    """A worker clock ahead or behind cannot make latency negative or longer than observed."""
+    items = [item(0), item(1)]
+    sent = [WALL0, WALL0 + 1.0]
+    behind = Result(id="a", status="ok", completed_ms=ms(-5.0))
+    ahead = Result(id="b", status="ok", completed_ms=ms(9.0))
+    out = _outcomes(CONFIG, items, [(behind, WALL0 + 0.3), (ahead, WALL0 + 1.4)], sent, {},
+                    WALL0)
+    assert out[0].latency_s == pytest.approx(0.0)
+    assert out[1].latency_s == pytest.approx(0.4, abs=1e-3)
+
+
+def outcome(i: int, org: str, admitted: float, dispatched: float, batch: str,
+            tokens: int = 100) -> Outcome:
+    return Outcome(id=f"{org}-{i}", org=org, tier="standard", endpoint="embed", status="ok",
+                   arrival_s=admitted, admitted_s=admitted, dispatched_s=dispatched,
+                   completed_s=dispatched + 0.1, batch_id=batch, tokens=tokens)
+
+
+def test_live_jain_is_one_when_backlogged_orgs_share_equally():
+    """Two orgs waiting together and served alike batch after batch score 1.0."""
+    outs = []
+    for b in range(10):
+        for org in ("bulkcorp", "searchco"):
+            outs.append(outcome(b, org, 0.0, 1.0 + b, f"b{b}"))
+    index, groups = live_jain(outs, CONFIG)
+    assert index == pytest.approx(1.0)
+    assert groups[0]["orgs"] == ["bulkcorp", "searchco"]
+
+
+def test_live_jain_is_half_when_one_waiting_org_gets_everything():
+    """FIFO-like: one org is served while the other waits the whole time: 0.5."""
+    outs = [outcome(b, "bulkcorp", 0.0, 1.0 + b, f"b{b}") for b in range(10)]
+    outs.append(outcome(0, "quiet-1", 0.5, 20.0, "b-last"))
+    index, _ = live_jain(outs, CONFIG)
+    assert index == pytest.approx(0.5)
+
+
+def test_live_jain_none_when_nobody_waited_together():
+    """An org served in the first batch after it arrives never counts as backlogged."""
+    outs = [outcome(b, "bulkcorp", b, b + 0.5, f"b{b}") for b in range(5)]
+    assert live_jain(outs, CONFIG) == (None, [])
+
+
+def test_peak_per_second():
+    """The busiest one-second window of a burst."""
+    assert _peak_per_s([]) == 0
+    assert _peak_per_s([0.0, 0.1, 0.2, 1.5, 1.6]) == 3
+    assert _peak_per_s([0.0, 0.25, 0.5, 0.75, 1.0, 1.25]) == 4
