@@ -55,6 +55,7 @@ from schemas.config import Config
 from schemas.messages import (
     AdmittedRequest,
     EmbedInput,
+    EpochMs,
     Request,
     RequestId,
     RerankInput,
@@ -66,6 +67,8 @@ from worker.tokenizer import TokenCounter
 __all__ = ["Admitted", "DeadLetterReason", "Outcome", "Refused", "decide", "reply_topic_for"]
 
 _request_codec = codec_for(Request)
+#: The largest epoch-ms value a message may carry (``schemas.messages.EpochMs``).
+_EPOCH_MS_MAX: int = EpochMs.__metadata__[0].le
 
 
 class Admitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -242,9 +245,13 @@ def _decide(
 
     created_ms = req.created_ms
     if created_ms is None:
-        created_ms = record_timestamp_ms if record_timestamp_ms and record_timestamp_ms > 0 \
-            else now_ms
-    deadline_at_ms = created_ms + req.deadline_ms if req.deadline_ms is not None else None
+        # The record timestamp is the sender's too (CreateTime): any int64.
+        created_ms = record_timestamp_ms \
+            if record_timestamp_ms and 0 < record_timestamp_ms <= _EPOCH_MS_MAX else now_ms
+    # Clamped, not refused: a deadline past year 5138 is no deadline, and an
+    # out-of-range value would make the scheduler dead-letter an admitted request.
+    deadline_at_ms = min(created_ms + req.deadline_ms, _EPOCH_MS_MAX) \
+        if req.deadline_ms is not None else None
     if deadline_at_ms is not None and deadline_at_ms <= now_ms:
         return refuse("expired", "deadline_passed",
                       f"deadline_ms = {req.deadline_ms} from created_ms = {created_ms} passed "
