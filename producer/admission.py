@@ -43,6 +43,7 @@ token counter that breaks on some input) becomes a dead letter with reason
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,6 +70,8 @@ __all__ = ["Admitted", "DeadLetterReason", "Outcome", "Refused", "decide", "repl
 _request_codec = codec_for(Request)
 #: The largest epoch-ms value a message may carry (``schemas.messages.EpochMs``).
 _EPOCH_MS_MAX: int = EpochMs.__metadata__[0].le
+#: A legal Kafka topic name (``schemas.messages.TopicName``).
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._\-]{1,249}")
 
 
 class Admitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,6 +112,11 @@ def reply_topic_for(reply_to: Any, config: Config) -> str:
 
 
 def _allowed_reply(reply_to: str, prefix: str, results: str) -> bool:
+    # A salvaged reply_to was never validated: an illegal name (unicode, "/", too
+    # long) under the prefix would block the sending loop for the producer's
+    # whole metadata timeout on every attempt, then fail anyway.
+    if not _TOPIC_NAME.fullmatch(reply_to):
+        return False
     return reply_to == results or (reply_to.startswith(prefix) and len(reply_to) > len(prefix))
 
 
