@@ -32,7 +32,7 @@ class Scheduler:
         self.lanes: dict[str, Lane | FifoLane] = {
             name: self._make_lane(name) for name in config.endpoints
         }
-        self._held_ids: set[str] = set()
+        self._held: dict[str, tuple[str, Entry]] = {}
 
     def _weight(self, org: str) -> float:
         o = self.config.orgs.get(org)
@@ -46,10 +46,10 @@ class Scheduler:
 
     @property
     def held(self) -> int:
-        return len(self._held_ids)
+        return len(self._held)
 
     def holds(self, request_id: str) -> bool:
-        return request_id in self._held_ids
+        return request_id in self._held
 
     def push(self, endpoint: str, e: Entry) -> bool:
         """Hold ``e`` on ``endpoint``'s lane; False if its id is already held.
@@ -57,11 +57,24 @@ class Scheduler:
         Raises KeyError for an endpoint the configuration does not know.
         """
         lane = self.lanes[endpoint]
-        if e.id in self._held_ids:
+        if e.id in self._held:
             return False
-        self._held_ids.add(e.id)
+        self._held[e.id] = (endpoint, e)
         lane.push(e)
         return True
+
+    def remove(self, request_id: str) -> Entry | None:
+        """Drop a held request without a decision, returning it (None if not held).
+
+        For a service that lost the partition a request came from: the new
+        owner replays it, so it must not also be dispatched here.
+        """
+        found = self._held.pop(request_id, None)
+        if found is None:
+            return None
+        endpoint, e = found
+        self.lanes[endpoint].remove(e)
+        return e
 
     def next_batch(self, endpoint: str, now: float) -> Dispatch:
         """Expire what is due on ``endpoint``, then take its next batch (maybe empty)."""
@@ -123,6 +136,6 @@ class Scheduler:
                 self.lanes[name] = self._make_lane(name)
 
     def _forget(self, entries: list[Entry]) -> None:
-        ids = self._held_ids
+        held = self._held
         for e in entries:
-            ids.discard(e.id)
+            held.pop(e.id, None)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DISPATCHED", "EXPIRED", "HELD", "NO_DEADLINE", "Entry"]
+__all__ = ["DISPATCHED", "EXPIRED", "HELD", "NO_DEADLINE", "REMOVED", "Entry"]
 
-HELD, DISPATCHED, EXPIRED = 0, 1, 2
+#: REMOVED: taken back by the service (its partition moved to another owner).
+HELD, DISPATCHED, EXPIRED, REMOVED = 0, 1, 2, 3
 #: Sort key of a request without a deadline: after every real deadline.
 NO_DEADLINE = float("inf")
 
@@ -15,7 +16,7 @@ class Entry:
     """One held request: what the core needs to order, cost and batch it.
 
     Fixed at creation: everything but ``state``. ``state`` is changed by the
-    core alone (held -> dispatched or expired, exactly once). ``payload`` is
+    core alone (held -> dispatched, expired or removed, exactly once). ``payload`` is
     opaque to the core: the service keeps its :class:`AdmittedRequest` there,
     the simulator its trace record.
 

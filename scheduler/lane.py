@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from scheduler.cost import AdaptiveCost, Cost, make_cost
 from scheduler.drr import DrrTier
-from scheduler.entry import DISPATCHED, EXPIRED, HELD, NO_DEADLINE, Entry
+from scheduler.entry import DISPATCHED, EXPIRED, HELD, NO_DEADLINE, REMOVED, Entry
 from schemas.config import Endpoint, Tier
 
 __all__ = ["Dispatch", "FifoLane", "Lane", "LaneStats"]
@@ -93,6 +93,14 @@ class _LaneBase:
             self._discard(e)
             out.append(e)
         return out
+
+    def remove(self, e: Entry) -> None:
+        """Take a held request out without dispatching or expiring it."""
+        if e.state != HELD:
+            return
+        e.state = REMOVED
+        self._account(e, -1)
+        self._discard(e)
 
     def next_batch(self, now: float) -> Dispatch:
         """Expire what is due, then assemble the next batch within the endpoint's budgets."""

@@ -68,3 +68,23 @@ def test_held_tokens_follow_the_batches():
     s.next_batch(ENDPOINT, 0.0)
     st = s.stats()[ENDPOINT]
     assert (st.held, st.held_tokens_by_tier) == (4, {"gold": 12, "free": 60})
+
+
+def test_remove_takes_a_held_request_out_for_good():
+    """A removed request is never dispatched or expired, and its id can be held again."""
+    from scheduler import Entry, Scheduler
+    from tests.core_setup import config_for
+
+    s = Scheduler(config_for())
+    ep = next(iter(s.lanes))
+    tier = s.config.tier_names[0]
+    a = Entry("a", "org-a", tier, 10, deadline=5.0)
+    b = Entry("b", "org-a", tier, 10)
+    assert s.push(ep, a) and s.push(ep, b)
+    assert s.remove("a") is a
+    assert s.remove("a") is None
+    assert s.held == 1
+    d = s.next_batch(ep, now=10.0)
+    assert [e.id for e in d.batch] == ["b"] and d.expired == []
+    assert s.lanes[ep].held == 0
+    assert s.push(ep, Entry("a", "org-a", tier, 10))
