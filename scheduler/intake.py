@@ -154,11 +154,24 @@ class TierIntake:
         log.info("tier_partitions_assigned", partitions=len(assigned))
 
     async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        lost = set(revoked)
         with contextlib.suppress(Exception):
-            await self.commit(only=set(revoked))
+            await self.commit(only=lost)
+        # The new owner replays these from the committed offset: dispatching
+        # them here too would serve them twice.
+        dropped = 0
+        for rid, (tp, _offset) in list(self._origin.items()):
+            if tp in lost:
+                del self._origin[rid]
+                e = self.core.remove(rid)
+                if e is not None:
+                    self.backlog.remove(e.payload.endpoint, e.tier, e.org, e.tokens)
+                    dropped += 1
         for tp in revoked:
             self.offsets.forget(tp)
-        self.assigned -= set(revoked)
+        self.assigned -= lost
+        if dropped:
+            log.info("held_requests_handed_back", requests=dropped, partitions=len(lost))
 
     # -- reading ---------------------------------------------------------------
 
