@@ -403,17 +403,20 @@ def _outcomes(config: Config, items: Sequence[ReplayItem],
     return out
 
 
-def live_jain(outcomes: Sequence[Outcome], config: Config) -> tuple[float | None, list[dict]]:
+def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.05
+              ) -> tuple[float | None, list[dict]]:
     """Jain's index over backlogged orgs, estimated from a live run's outcomes.
 
     The simulator's definition (:mod:`scheduler.simulate`) needs the
     scheduler's queues; a replay only has each request's admission and
     dispatch times. So an org counts as backlogged across a batch when one
-    of its requests was admitted before the batch was dispatched and left
-    (in a later batch, or expired) after it. Admission's clock stands in
-    for the scheduler's receipt (a few ms early), and cost is tokens.
-    Returns the index of the set with the most served tokens and the ten
-    largest sets, as the simulator reports them.
+    of its requests was admitted at least ``hop_s`` before the batch was
+    dispatched and left (in a later batch, or expired) after it. ``hop_s``
+    stands for the trip from admission to the scheduler (tens of ms): a
+    request still on its way cannot be chosen, and counting it would blame
+    the scheduler for batches it assembled before the request existed for
+    it. Cost is tokens. Returns the index of the set with the most served
+    tokens and the ten largest sets, as the simulator reports them.
     """
     from scheduler.simulate import JainGroup
 
@@ -423,10 +426,10 @@ def live_jain(outcomes: Sequence[Outcome], config: Config) -> tuple[float | None
         if o.admitted_s is None:
             continue
         if o.status == "ok" and o.batch_id and o.dispatched_s is not None:
-            events.append((o.admitted_s, 0, o.id, o))
+            events.append((min(o.admitted_s + hop_s, o.dispatched_s), 0, o.id, o))
             batches.setdefault(o.batch_id, []).append(o)
         elif o.status == "expired" and o.completed_s is not None:
-            events.append((o.admitted_s, 0, o.id, o))
+            events.append((min(o.admitted_s + hop_s, o.completed_s), 0, o.id, o))
             events.append((o.completed_s, 1, o.id, o))
     for bid, members in batches.items():
         events.append((min(m.dispatched_s for m in members), 2, bid, members))
@@ -651,6 +654,8 @@ def _sim_service(args: argparse.Namespace) -> tuple[float, float]:
         overhead = args.sim_overhead_ms
     if args.sim_ms_per_token is not None:
         per_token = args.sim_ms_per_token
+    if overhead <= 0 and per_token <= 0:
+        overhead = 0.001  # a batch takes some time: the simulator divides by it
     return overhead, per_token
 
 
