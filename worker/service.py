@@ -97,8 +97,22 @@ class WorkerSettings:
     #: How long a rebalance waits for batches in hand on revoked partitions,
     #: so they commit here rather than run again elsewhere.
     revoke_wait_s: float = 5.0
+    #: Run a few batches of different shapes before joining the group: the
+    #: first calls of a shape are slow (kernel selection, allocator growth),
+    #: and the first real requests should not pay for that.
+    warm_up: bool = True
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+
+
+def warm_up(model, kind: str) -> None:
+    """Run the model on a few batch shapes (1..32 texts of 8..128 words)."""
+    for n, words in ((1, 8), (8, 16), (32, 16), (4, 128)):
+        texts = [" ".join(["warm"] * words)] * n
+        if kind == "embed":
+            model.encode(texts)
+        else:
+            model.score("warm", texts)
 
 
 @dataclass
@@ -200,6 +214,11 @@ class WorkerService:
                 import torch
 
                 torch.set_num_threads(s.threads)
+        if s.warm_up:
+            t0 = time.perf_counter()
+            await asyncio.to_thread(warm_up, self.model, self.kind)
+            log.info("model_warmed_up", endpoint=self.endpoint,
+                     seconds=round(time.perf_counter() - t0, 2))
         self.executor = BatchExecutor(
             self.model, self.kind, worker=self.worker_id,
             max_padded_tokens=s.microbatch_padded_tokens, max_size=s.microbatch_size,
