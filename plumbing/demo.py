@@ -1,0 +1,385 @@
+"""``serving-fairness demo``: the noisy neighbour, live, on a real broker and a real model.
+
+One command, nothing else to start: the embedded broker, admission, the
+scheduler and one worker per endpoint running all-MiniLM-L6-v2 from its
+PyPI wheel. The same traffic runs in four phases, each on fresh topics:
+
+1. **unloaded**: only the quiet orgs, to measure their latency on an idle system;
+2. **burst, drr**: ``bulkcorp`` floods the embed endpoint with ``--burst``
+   requests while two quiet orgs of the same tier, an enterprise org, a
+   rerank org and a free-tier org send a few;
+3. **burst x5, drr**: the same with a burst five times larger;
+4. **burst, fifo**: phase 2 under one shared arrival-ordered queue.
+
+It prints a per-org table per phase, then the check the design promises:
+the quiet orgs' p99 under the burst stays within their unloaded p99 plus two
+full-batch service times (the batch running when they arrive, then their
+own), does not grow with the burst, and is far below what FIFO gives them.
+A full-batch service time is measured here, on this machine, by encoding
+one batch of ``max_batch_tokens`` of the burst's texts with the same model.
+
+Service logs go to ``--log-file`` as JSON lines, with request, org and
+batch ids bound; the terminal shows progress and the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plumbing.kafka import KafkaSettings
+from schemas.config import Config, ConfigError, load_config
+from schemas.messages import Result
+
+__all__ = ["add_arguments", "run"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo.toml"
+QUIET_ORGS = ("quiet-1", "quiet-2")
+
+
+def _text(org: str, i: int) -> str:
+    # ~16 tokens, the same shape for every org, so the only difference
+    # between orgs is how many requests they send.
+    return f"{org} document {i}: quarterly report on regional supply chain costs and delivery times"
+
+
+@dataclass
+class Sent:
+    org: str
+    tier: str
+    endpoint: str
+    sent_s: float
+    result: Result | None = None
+    done_s: float | None = None
+    done_ms: float | None = None  # wall clock, to compare with the results' stamps
+
+
+@dataclass
+class Phase:
+    name: str
+    policy: str
+    burst: int
+    sent: dict[str, Sent] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def latencies_ms(self, org: str) -> list[float]:
+        return [(s.done_s - s.sent_s) * 1000 for s in self.sent.values()
+                if s.org == org and s.result is not None and s.result.status == "ok"]
+
+    def quiet_ms(self) -> list[float]:
+        return [x for org in QUIET_ORGS for x in self.latencies_ms(org)]
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, round(q / 100 * len(xs) + 0.5) - 1))
+    return xs[k]
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+class Traffic:
+    """The demo's senders: one burst and a few paced requests per quiet org."""
+
+    def __init__(self, client, config: Config, phase: Phase, timeout_s: float):
+        self.client = client
+        self.config = config
+        self.phase = phase
+        self.timeout_s = timeout_s
+        self.waiting: list[asyncio.Task] = []
+
+    async def _send(self, org: str, endpoint: str, inp: dict) -> None:
+        rid = uuid.uuid4().hex
+        sent = self.phase.sent[rid] = Sent(org, self.config.orgs[org].tier, endpoint,
+                                           time.monotonic())
+        await self.client.submit({"id": rid, "org": org, "endpoint": endpoint, "input": inp})
+        self.waiting.append(asyncio.create_task(self._await(rid, sent)))
+
+    async def _await(self, rid: str, sent: Sent) -> None:
+        # A request with no result by the timeout stays result-less: the
+        # tables count it as missing, never as served.
+        with contextlib.suppress(TimeoutError):
+            sent.result = await self.client.result(rid, timeout=self.timeout_s)
+            sent.done_s = time.monotonic()
+            sent.done_ms = time.time() * 1000
+
+    async def burst(self, n: int) -> None:
+        chunk = 500
+        for start in range(0, n, chunk):
+            await asyncio.gather(*(
+                self._send("bulkcorp", "embed", {"type": "embed", "texts": [_text("bulkcorp", i)]})
+                for i in range(start, min(n, start + chunk))))
+
+    async def paced(self, org: str, endpoint: str, count: int, every_s: float,
+                    start_s: float) -> None:
+        await asyncio.sleep(start_s)
+        for i in range(count):
+            if endpoint == "rerank":
+                inp = {"type": "rerank", "query": "supply chain costs",
+                       "documents": [_text(org, i * 4 + k) for k in range(4)]}
+            else:
+                inp = {"type": "embed", "texts": [_text(org, i)]}
+            await self._send(org, endpoint, inp)
+            await asyncio.sleep(every_s)
+
+    async def run(self, burst: int, quiet: int) -> None:
+        """Send everything, then wait for every result (or its timeout)."""
+        await asyncio.gather(
+            self.burst(burst),
+            *(self.paced(org, "embed", quiet, 0.25, 0.3 + 0.1 * k)
+              for k, org in enumerate(QUIET_ORGS)),
+            self.paced("acme", "embed", max(2, quiet // 2), 0.5, 0.35),
+            self.paced("searchco", "rerank", max(2, quiet // 2), 0.5, 0.4),
+            self.paced("trial-1", "embed", max(2, quiet // 3), 0.5, 0.45),
+        )
+        await asyncio.gather(*self.waiting)
+
+
+class Progress:
+    def __init__(self, phase: Phase, expected: int, stream=sys.stderr):
+        self.phase = phase
+        self.expected = expected
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < (0.5 if self.tty else 5.0):
+            return
+        self.last = now
+        sent = self.phase.sent.values()
+        done = [s for s in sent if s.result is not None]
+        by = {}
+        for s in done:
+            by[s.result.status] = by.get(s.result.status, 0) + 1
+        quiet = [s for s in sent if s.org in QUIET_ORGS]
+        line = (f"  [{self.phase.name}] sent {len(sent):>6}/{self.expected}  done {len(done):>6}  "
+                + " ".join(f"{k} {v}" for k, v in sorted(by.items()))
+                + f"  quiet orgs {sum(s.result is not None for s in quiet)}/{len(quiet)}"
+                + f"  {now - self.t0:5.1f}s")
+        if self.tty:
+            print("\r" + line.ljust(110), end="", file=self.stream, flush=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+
+async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: int,
+                     timeout_s: float, model: str | None, threads: int | None, log) -> Phase:
+    """One phase on a fresh embedded broker, the services as separate processes."""
+    from plumbing.broker import EmbeddedBroker
+    from plumbing.processes import ProcessStack
+    from producer.client import FairnessClient
+
+    async with EmbeddedBroker() as broker:
+        kafka = KafkaSettings(bootstrap=broker.bootstrap, session_timeout_ms=2000,
+                              heartbeat_interval_ms=500)
+        env = {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+        async with ProcessStack(config_path, broker.bootstrap, policy=phase.policy,
+                                endpoints=list(config.endpoints), model=model,
+                                worker_threads=threads, log=log, env=env) as stack, \
+                FairnessClient(kafka, config) as client:
+            await _warm_up(client, config, timeout_s=120)
+            n_quiet = len(QUIET_ORGS) * quiet + 2 * max(2, quiet // 2) + max(2, quiet // 3)
+            progress = Progress(phase, phase.burst + n_quiet)
+            t0 = time.monotonic()
+            traffic = asyncio.create_task(
+                Traffic(client, config, phase, timeout_s).run(phase.burst, quiet))
+            while not traffic.done():
+                progress()
+                await asyncio.wait([traffic], timeout=0.5)
+                if (err := stack.failed()) is not None:
+                    traffic.cancel()
+                    raise RuntimeError(f"during {phase.name}: {err}")
+            traffic.result()
+            phase.elapsed_s = time.monotonic() - t0
+            progress(force=True)
+            if progress.tty:
+                print(file=sys.stderr)
+    return phase
+
+
+async def _warm_up(client, config: Config, timeout_s: float) -> None:
+    """One request per endpoint, answered: every service is up and the scheduler knows a worker."""
+    org = next(iter(config.orgs))
+    for name, ep in config.endpoints.items():
+        inp = ({"type": "embed", "texts": ["warm up"]} if ep.kind == "embed"
+               else {"type": "rerank", "query": "warm", "documents": ["up"]})
+        rid = await client.submit({"org": org, "endpoint": name, "input": inp})
+        result = await client.result(rid, timeout=timeout_s)
+        if result.status != "ok":
+            raise RuntimeError(f"warm-up request on {name!r} got {result.status}: {result.message}")
+
+
+def _full_batch_ms(config: Config, model_spec: str | None, threads: int | None) -> float:
+    """Median time to encode one full batch of the burst's texts with the embed model,
+    with as many torch threads as the worker gets."""
+    from worker.service import load_model
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+    model = load_model(config, "embed", model_spec)
+    ep = config.endpoints["embed"]
+    texts, tokens, i = [], 0, 0
+    while len(texts) < ep.max_batch_size:
+        n = model.token_lengths([_text("bulkcorp", i)])[0]
+        if tokens + n > ep.max_batch_tokens:
+            break
+        texts.append(_text("bulkcorp", i))
+        tokens += n
+        i += 1
+    model.encode(texts)  # warm-up
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        model.encode(texts)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _table(phase: Phase) -> str:
+    orgs = sorted({s.org for s in phase.sent.values()},
+                  key=lambda o: (o != "bulkcorp", o))
+    rows = [(f"{'org':<10} {'tier':<11} {'endpoint':<8} {'sent':>6} {'ok':>6} {'rejected':>8} "
+             f"{'expired':>7} {'other':>5} {'missing':>7} {'p50 ms':>8} {'p99 ms':>8}")]
+    for org in orgs:
+        ss = [s for s in phase.sent.values() if s.org == org]
+        st = [s.result.status for s in ss if s.result is not None]
+        lat = phase.latencies_ms(org)
+        rows.append(
+            f"{org:<10} {ss[0].tier:<11} {ss[0].endpoint:<8} {len(ss):>6} {st.count('ok'):>6} "
+            f"{st.count('rejected'):>8} {st.count('expired'):>7} "
+            f"{len(st) - st.count('ok') - st.count('rejected') - st.count('expired'):>5} "
+            f"{len(ss) - len(st):>7} {_fmt(_pct(lat, 50)):>8} {_fmt(_pct(lat, 99)):>8}")
+    return "\n".join(rows)
+
+
+def _stages(phase: Phase) -> str:
+    """Where the quiet orgs' time went, from the stamps each result carries."""
+    rs = [s for s in phase.sent.values() if s.org in QUIET_ORGS and s.result is not None
+          and s.result.status == "ok"]
+    if not rs:
+        return ""
+    stages = {
+        "admission": [r.result.admitted_ms - r.result.created_ms for r in rs],
+        "scheduler queue": [r.result.dispatched_ms - r.result.admitted_ms for r in rs],
+        "worker (incl. wait)": [r.result.completed_ms - r.result.dispatched_ms for r in rs],
+        "inference": [r.result.inference_ms for r in rs],
+        "result delivery": [r.done_ms - r.result.completed_ms for r in rs],
+    }
+    return "quiet orgs, time per stage (p50 / p99 ms): " + ", ".join(
+        f"{k} {_fmt(_pct(v, 50))} / {_fmt(_pct(v, 99))}" for k, v in stages.items())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG),
+                        help="configuration (default: examples/demo.toml)")
+    parser.add_argument("--burst", type=int, default=4000,
+                        help="requests in the noisy org's burst (phase 3 sends 5x this)")
+    parser.add_argument("--quiet", type=int, default=12, help="requests per quiet org per phase")
+    parser.add_argument("--model", default=None,
+                        help="model spec for every worker (default: each endpoint's model)")
+    parser.add_argument("--timeout-s", type=float, default=600.0,
+                        help="longest wait for a phase's results")
+    parser.add_argument("--log-file", default="out/demo/services.log",
+                        help="where the services' JSON log lines go")
+    parser.add_argument("--json", default=None, help="write the figures to this JSON file")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="threads for inference (default 1: leaves a core for the services, "
+                             "as an accelerator would; 0: torch's default)")
+    parser.add_argument("--skip-x5", action="store_true", help="skip the 5x burst phase")
+
+
+def run(args: argparse.Namespace) -> int:
+    from plumbing.logs import configure_logging
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"serving-fairness demo: {e}", file=sys.stderr)
+        return 2
+    log_path = Path(args.log_file)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    # Append mode: the service processes write to the same file.
+    with log_path.open("a") as log_file:
+        configure_logging(json=True, stream=log_file)
+        return asyncio.run(_main(config, args, log_path, log_file))
+
+
+async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -> int:
+    out = sys.stdout
+    print(f"serving-fairness demo: config {args.config}, burst {args.burst}, "
+          f"service logs -> {log_path}", file=out, flush=True)
+    print("loading the embedding model and timing one full batch...", file=out, flush=True)
+    threads = args.torch_threads or None
+    full_ms = await asyncio.to_thread(_full_batch_ms, config, args.model, threads)
+    ep = config.endpoints["embed"]
+    print(f"full-batch service time: {full_ms:.0f} ms ({ep.max_batch_tokens} tokens)",
+          file=out, flush=True)
+    phases = [Phase("unloaded", "drr", 0), Phase(f"burst {args.burst}, drr", "drr", args.burst)]
+    if not args.skip_x5:
+        phases.append(Phase(f"burst {5 * args.burst}, drr", "drr", 5 * args.burst))
+    phases.append(Phase(f"burst {args.burst}, fifo", "fifo", args.burst))
+    for phase in phases:
+        print(f"\n== phase: {phase.name} ==", file=out, flush=True)
+        await _run_phase(config, args.config, phase, quiet=args.quiet, timeout_s=args.timeout_s,
+                         model=args.model, threads=threads, log=log)
+        print(_table(phase), file=out)
+        print(_stages(phase), file=out)
+        print(f"({phase.elapsed_s:.1f} s)", file=out, flush=True)
+    return _summary(phases, full_ms, args, out)
+
+
+def _summary(phases: list[Phase], full_ms: float, args, out) -> int:
+    unloaded = _pct(phases[0].quiet_ms(), 99)
+    bound = None if unloaded is None else unloaded + 2 * full_ms
+    drr = [p for p in phases[1:] if p.policy == "drr"]
+    fifo = [p for p in phases if p.policy == "fifo"]
+    figures = {"full_batch_ms": full_ms, "quiet_unloaded_p99_ms": unloaded, "bound_ms": bound,
+               "phases": {}}
+    print("\n== the quiet orgs (quiet-1, quiet-2: same tier as bulkcorp) ==", file=out)
+    print(f"unloaded p99                         {_fmt(unloaded):>8} ms", file=out)
+    print(f"bound = unloaded p99 + 2 x {full_ms:.0f} ms   {_fmt(bound):>8} ms", file=out)
+    ok = bound is not None
+    for p in phases[1:]:
+        p99 = _pct(p.quiet_ms(), 99)
+        lost = sum(s.result is None for s in p.sent.values())
+        figures["phases"][p.name] = {"quiet_p99_ms": p99, "quiet_p50_ms": _pct(p.quiet_ms(), 50),
+                                     "sent": len(p.sent), "missing": lost,
+                                     "elapsed_s": p.elapsed_s}
+        verdict = ""
+        if p.policy == "drr":
+            within = p99 is not None and bound is not None and p99 <= bound
+            ok &= within and lost == 0
+            verdict = "within the bound" if within else "OVER THE BOUND"
+        print(f"{p.name:<36} {_fmt(p99):>8} ms  {verdict}  missing results: {lost}", file=out)
+    if fifo and drr:
+        fair = _pct(drr[0].quiet_ms(), 99)
+        unfair = _pct(fifo[0].quiet_ms(), 99)
+        if fair and unfair:
+            ratio = unfair / fair
+            figures["fifo_over_drr"] = ratio
+            print(f"fifo / drr (same burst)              {ratio:8.1f} x", file=out)
+    print("all checks passed" if ok else "some checks FAILED", file=out, flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+    return 0 if ok else 1
+

@@ -1,0 +1,136 @@
+"""The pipeline as separate processes, the way it is deployed.
+
+Admission, the scheduler and one worker per endpoint each run as their own
+``serving-fairness`` process against a given bootstrap. The demo uses this
+rather than :class:`plumbing.stack.Stack` (one process) because on a small
+machine one interpreter's GIL would make every service wait for the others:
+a burst being admitted would then look like scheduler latency, and model
+inference like both.
+
+Each process logs JSON lines to one shared log file, serves ``/readyz`` on a
+port of its own, and is stopped with SIGTERM (graceful), then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Self
+
+__all__ = ["ProcessStack", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _ready(port: int) -> tuple[bool, str]:
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1)
+    except (OSError, TimeoutError):
+        return False, "not listening yet"
+    try:
+        writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 2)
+    except (OSError, TimeoutError):
+        return False, "no answer"
+    finally:
+        writer.close()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return head.startswith(b"HTTP/1.1 200"), body.decode(errors="replace").strip()
+
+
+class ProcessStack:
+    """Start admission, scheduler and workers as processes; stop them on exit."""
+
+    def __init__(self, config_path: str | Path, bootstrap: str, *, policy: str = "drr",
+                 endpoints: list[str], model: str | None = None, worker_threads: int | None = None,
+                 log: IO[str] | None = None, env: dict[str, str] | None = None):
+        self.config_path = str(config_path)
+        self.bootstrap = bootstrap
+        self.policy = policy
+        self.endpoints = endpoints
+        self.model = model
+        self.worker_threads = worker_threads
+        self.log = log
+        self.env = {**os.environ, "SF_LOG_JSON": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.procs: dict[str, tuple[subprocess.Popen, int]] = {}
+
+    def _spawn(self, name: str, *args: str) -> None:
+        port = free_port()
+        cmd = [sys.executable, "-m", "plumbing.cli", *args, "--config", self.config_path,
+               "--bootstrap", self.bootstrap, "--metrics-port", str(port)]
+        proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
+                                stdout=self.log or subprocess.DEVNULL,
+                                stderr=self.log or subprocess.DEVNULL)
+        self.procs[name] = (proc, port)
+
+    async def start(self, timeout_s: float = 120.0) -> Self:
+        self._spawn("scheduler", "scheduler", "--policy", self.policy)
+        self._spawn("admission", "admission")
+        for ep in self.endpoints:
+            extra = ["--model", self.model] if self.model else []
+            if self.worker_threads:
+                extra += ["--threads", str(self.worker_threads)]
+            self._spawn(f"worker-{ep}", "worker", "--endpoint", ep, *extra)
+        await self.wait_ready(timeout_s)
+        return self
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            waiting = []
+            for name, (proc, port) in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with status {proc.returncode} "
+                                       "(see the log file)")
+                ok, why = await _ready(port)
+                if not ok:
+                    waiting.append(f"{name}: {why}")
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("pipeline not ready: " + "; ".join(waiting))
+            await asyncio.sleep(0.2)
+
+    def failed(self) -> str | None:
+        for name, (proc, _) in self.procs.items():
+            if proc.poll() is not None:
+                return f"{name} exited with status {proc.returncode}"
+        return None
+
+    async def stop(self, grace_s: float = 15.0) -> None:
+        # Workers first, so they finish their batch in hand and say bye.
+        order = sorted(self.procs.items(), key=lambda kv: not kv[0].startswith("worker"))
+        for _name, (proc, _) in order:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for _name, (proc, _) in order:
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+    async def __aenter__(self) -> Self:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.stop(grace_s=2)
+            raise
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
