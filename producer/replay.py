@@ -65,7 +65,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -329,6 +329,7 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
         await client.stop()
 
     outcomes = _outcomes(config, items, got, sent_at, send_error, wall0)
+    model_fit = _fit_batch_time([g[0] for g in got if g is not None])
     span = items[-1].ts / s.speed if items else 0.0
     first = min((t for t in sent_at if t is not None), default=wall0)
     last = max((t for t in sent_at if t is not None), default=wall0)
@@ -347,9 +348,40 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
         "send_failed": len(send_error),
         "missing": sum(1 for o in outcomes if o.status == "missing"),
         "foreign_results": foreign, "duplicate_results": client.duplicates,
+        "model_fit": model_fit,
     }
     id_map = {w: (it.request.id, it.origin) for w, it in zip(wire_ids, items, strict=True)}
     return ReplayRun(outcomes, sorted(samples, key=lambda q: q.t_s), id_map, stats, wire_ids)
+
+
+def _fit_batch_time(results: Iterable[Result]) -> dict[str, float] | None:
+    """The workers' batch time as ``overhead_ms + ms_per_token x tokens``, fitted to the run.
+
+    Each ok result carries its share of its micro-batches' model time
+    (``inference_ms``); summed per batch they give the batch's model time.
+    Least squares over the batches; through the origin if the intercept
+    comes out negative. None without two batches of different sizes.
+    """
+    per_batch: dict[str, list[float]] = {}
+    for r in results:
+        if r.status == "ok" and r.batch_id and r.inference_ms is not None and r.tokens:
+            b = per_batch.setdefault(r.batch_id, [0.0, 0.0])
+            b[0] += r.tokens
+            b[1] += r.inference_ms
+    pts = list(per_batch.values())
+    if len(pts) < 2:
+        return None
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    intercept = my - slope * mx
+    if intercept < 0 or slope <= 0:
+        slope, intercept = sum(y for _, y in pts) / sum(x for x, _ in pts), 0.0
+    return {"batches": n, "overhead_ms": round(intercept, 4), "ms_per_token": round(slope, 6)}
 
 
 def _peak_per_s(times: Sequence[float]) -> int:
@@ -511,10 +543,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also simulate the same traffic and write compare.md")
     parser.add_argument("--sim-overhead-ms", type=float, default=None,
                         help="simulation: fixed time per batch (default: the fake model's "
-                             "ms_per_batch, else 5)")
+                             "ms_per_batch, else fitted to the replay's batches)")
     parser.add_argument("--sim-ms-per-token", type=float, default=None,
                         help="simulation: time per token (default: the fake model's "
-                             "ms_per_token, else 0.28)")
+                             "ms_per_token, else fitted to the replay's batches)")
+    parser.add_argument("--sim-no-admission", action="store_true",
+                        help="simulation without the admission checks (rate limits, overload, "
+                             "throttle); the live pipeline always has them")
     parser.add_argument("--no-progress", action="store_true", help="no progress line")
     parser.add_argument("--log-level", default="WARNING",
                         help="log level of the in-process services (default WARNING)")
@@ -642,21 +677,29 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
     return _finish(args, config, items, result, source, margin)
 
 
-def _sim_service(args: argparse.Namespace) -> tuple[float, float]:
+def _sim_service(args: argparse.Namespace, fit: dict[str, float] | None
+                 ) -> tuple[float, float, str]:
+    """The simulator's batch time: flags, else the fake model's, else fitted to the replay."""
     from worker.fake import parse_fake_spec
 
-    overhead, per_token = 5.0, 0.28
+    overhead, per_token, how = 5.0, 0.28, "the simulator's default"
     if args.model and is_fake_spec(args.model):
         opts = parse_fake_spec(args.model)
         overhead = float(opts.get("ms_per_batch", 0.0))
         per_token = float(opts.get("ms_per_token", 0.0))
+        how = "the fake model's"
+    elif fit is not None:
+        overhead, per_token = fit["overhead_ms"], fit["ms_per_token"]
+        how = f"fitted to the replay's {fit['batches']} batches"
+    if args.sim_overhead_ms is not None or args.sim_ms_per_token is not None:
+        how = "given"
     if args.sim_overhead_ms is not None:
         overhead = args.sim_overhead_ms
     if args.sim_ms_per_token is not None:
         per_token = args.sim_ms_per_token
     if overhead <= 0 and per_token <= 0:
         overhead = 0.001  # a batch takes some time: the simulator divides by it
-    return overhead, per_token
+    return overhead, per_token, how
 
 
 def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem],
@@ -687,19 +730,24 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
     compare_text = None
     sim_summary = None
     if args.compare_simulate:
-        from scheduler.simulate import ServiceModel, SimSettings, simulate
+        from scheduler.simulate import PipelineAdmission, ServiceModel, SimSettings, simulate
 
-        overhead, per_token = _sim_service(args)
+        overhead, per_token, how = _sim_service(args, st.get("model_fit"))
+        admission = None if args.sim_no_admission else PipelineAdmission(config)
         sim = simulate(config, to_trace(items, args.speed),
                        SimSettings(policy=args.policy, workers=args.workers,
                                    slots=config.service.worker_slots,
-                                   service=ServiceModel(overhead, per_token)))
-        sim.meta.update(label="simulate", source=source)
+                                   service=ServiceModel(overhead, per_token),
+                                   admission=admission))
+        sim.meta.update(label="simulate", source=source, service_model=how)
         sim_summary = sim.summary()
         compare_text = compare(summary, sim_summary, labels=("replay", "simulate"))
-        print(f"\n## replay vs simulate ({overhead:g} ms + {per_token:g} ms/token per batch, "
-              f"{args.workers} worker(s) x {config.service.worker_slots} slot(s))\n")
-        print(compare_text)
+        compare_text = (
+            f"Simulation: {overhead:g} ms + {per_token:g} ms/token per batch ({how}), "
+            f"{args.workers} worker(s) x {config.service.worker_slots} slot(s) per endpoint, "
+            f"policy {args.policy}, admission {'off' if admission is None else 'on'}.\n\n"
+            + compare_text)
+        print(f"\n## replay vs simulate\n\n{compare_text}")
     if args.report:
         out = Path(args.report)
         title = f"Replay: {source}, speed {args.speed:g}"

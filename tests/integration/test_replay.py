@@ -178,6 +178,32 @@ async def test_trace_replay_through_the_live_pipeline_reports_every_request(
     assert sum(1 for _ in (report / "id_map.jsonl").open()) == len(records)
 
 
+@pytest.mark.slow
+async def test_ten_thousand_request_noisy_neighbour_replay(
+        broker, kafka_settings, topic_prefix, tmp_path):
+    """10,015 requests, one org bursting: all accounted for, quiet orgs ahead of the burst."""
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(config_text(topic_prefix))
+    trace = tmp_path / "nn.jsonl"
+    write_trace(trace, noisy_neighbour(10_000, quiet_orgs=["quiet-2", "searchco"]))
+    report = tmp_path / "report"
+    rc = await replay_command(cli_args([
+        "--config", str(cfg_path), "--trace", str(trace), "--bootstrap", broker.bootstrap,
+        "--embedded", "--model", "fake:ms_per_token=0.005", "--report", str(report),
+        "--compare-simulate", "--timeout-s", "300", "--no-progress",
+        "--kafka-session-timeout-ms", "2000", "--kafka-heartbeat-interval-ms", "500"]))
+    assert rc == 0
+    summary = json.loads((report / "report.json").read_text())
+    assert summary["totals"]["requests"] == 10_015
+    assert summary["totals"]["missing"] == 0
+    orgs = summary["orgs"]
+    for quiet in ("quiet-1", "quiet-2", "searchco"):
+        assert orgs[quiet]["completed"] == 5
+        # Under DRR a quiet org is served ahead of the burst queued before it.
+        assert orgs[quiet]["latency_ms"]["p50"] < orgs["bulkcorp"]["latency_ms"]["p50"]
+    assert (report / "compare.md").exists()
+
+
 @pytest.mark.parametrize("argv, problem", [
     (["--from-topic", "x"], "--since"),
     (["--trace", "t.jsonl", "--from-topic", "x"], "one of"),

@@ -97,3 +97,19 @@ def test_peak_per_second():
     assert _peak_per_s([]) == 0
     assert _peak_per_s([0.0, 0.1, 0.2, 1.5, 1.6]) == 3
     assert _peak_per_s([0.0, 0.25, 0.5, 0.75, 1.0, 1.25]) == 4
+
+
+def test_batch_time_fitted_from_results():
+    """Per-batch model time (summed shares) fits overhead + ms/token; too little data gives None."""
+    from producer.replay import _fit_batch_time
+
+    results = []
+    for b, (n, tokens) in enumerate([(2, 50), (4, 50), (8, 50)]):
+        total_ms = 5.0 + 0.1 * n * tokens
+        results += [Result(id=f"{b}-{i}", status="ok", batch_id=f"b{b}", tokens=tokens,
+                           inference_ms=total_ms / n) for i in range(n)]
+    fit = _fit_batch_time(results)
+    assert fit["batches"] == 3
+    assert fit["overhead_ms"] == pytest.approx(5.0)
+    assert fit["ms_per_token"] == pytest.approx(0.1)
+    assert _fit_batch_time(results[:2]) is None
