@@ -117,6 +117,7 @@ __all__ = [
     "replay",
     "replay_command",
     "run",
+    "stage_table",
 ]
 
 _request_codec = codec_for(Request)
@@ -354,6 +355,44 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
     return ReplayRun(outcomes, sorted(samples, key=lambda q: q.t_s), id_map, stats, wire_ids)
 
 
+_STAGES = (("admission", "admitted_s", "arrival_s"), ("scheduler", "dispatched_s", "admitted_s"),
+           ("batch", "completed_s", "dispatched_s"))
+
+
+def stage_table(runs: dict[str, Sequence[Outcome]], *, max_orgs: int = 12) -> str:
+    """p50 ms of each stage of an ok request's life, per org, for each labelled run.
+
+    Stages: *admission* (sent -> admitted: the ingress topic and admission),
+    *scheduler* (admitted -> put in a batch: held, waiting for its turn and a
+    free slot), *batch* (batch -> done: the batch topic, the worker's queue
+    and the model). The simulator admits instantly, so its admission is 0.
+    """
+    per: dict[str, dict[str, dict[str, list[float]]]] = {}
+    counts: dict[str, int] = {}
+    for label, outcomes in runs.items():
+        for o in outcomes:
+            counts[o.org] = counts.get(o.org, 0) + (label == next(iter(runs)))
+            if o.status != "ok":
+                continue
+            row = per.setdefault(o.org, {}).setdefault(label, {n: [] for n, _, _ in _STAGES})
+            for name, end, start in _STAGES:
+                a, b = getattr(o, end), getattr(o, start)
+                if a is not None and b is not None:
+                    row[name].append(a - b)
+    labels = list(runs)
+    header = ["org"] + [f"{n} {lab}" for n, _, _ in _STAGES for lab in labels]
+    lines = ["| " + " | ".join(header) + " |", "|:--|" + "--:|" * (len(header) - 1)]
+    for org in sorted(per, key=lambda o: (-counts.get(o, 0), o))[:max_orgs]:
+        cells = [org]
+        for name, _, _ in _STAGES:
+            for lab in labels:
+                xs = sorted(per[org].get(lab, {}).get(name, []))
+                v = percentile(xs, 50)
+                cells.append("-" if v is None else f"{v * 1000:,.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _fit_batch_time(results: Iterable[Result]) -> dict[str, float] | None:
     """The workers' batch time as ``overhead_ms + ms_per_token x tokens``, fitted to the run.
 
@@ -435,8 +474,8 @@ def _outcomes(config: Config, items: Sequence[ReplayItem],
     return out
 
 
-def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.05
-              ) -> tuple[float | None, list[dict]]:
+def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1,
+              min_batches: int = 3) -> tuple[float | None, list[dict]]:
     """Jain's index over backlogged orgs, estimated from a live run's outcomes.
 
     The simulator's definition (:mod:`scheduler.simulate`) needs the
@@ -447,7 +486,9 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.0
     stands for the trip from admission to the scheduler (tens of ms): a
     request still on its way cannot be chosen, and counting it would blame
     the scheduler for batches it assembled before the request existed for
-    it. Cost is tokens. Returns the index of the set with the most served
+    it; under load the hop is longer, so a set seen across fewer than
+    ``min_batches`` batches is listed but not taken as the run's index.
+    Cost is tokens. Returns the index of the set with the most served
     tokens and the ten largest sets, as the simulator reports them.
     """
     from scheduler.simulate import JainGroup
@@ -501,7 +542,7 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.0
                 for org in g.orgs:
                     g.served[org] += served.get((tier, org), 0.0)
     ranked = sorted(groups.values(), key=lambda g: -sum(g.served.values()))
-    main = ranked[0] if ranked else None
+    main = next((g for g in ranked if g.batches >= min_batches), None)
     return (round(main.index, 6) if main else None), [g.to_json() for g in ranked[:10]]
 
 
@@ -727,6 +768,8 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
           f"{st['achieved_peak_rps']} achieved); lateness p50 {st['send_lag_ms']['p50']:.1f} "
           f"ms, p99 {st['send_lag_ms']['p99']:.1f} ms, max {st['send_lag_ms']['max']:.1f} ms\n")
     print(format_table(summary))
+    print(f"\np50 ms per stage (admission: sent -> admitted; scheduler: -> in a batch; "
+          f"batch: -> done)\n\n{stage_table({'replay': result.outcomes})}")
     compare_text = None
     sim_summary = None
     if args.compare_simulate:
@@ -746,7 +789,9 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
             f"Simulation: {overhead:g} ms + {per_token:g} ms/token per batch ({how}), "
             f"{args.workers} worker(s) x {config.service.worker_slots} slot(s) per endpoint, "
             f"policy {args.policy}, admission {'off' if admission is None else 'on'}.\n\n"
-            + compare_text)
+            + compare_text + "\n\np50 ms per stage (admission: sent -> admitted; scheduler: "
+            "admitted -> in a batch; batch: -> done; the simulator admits instantly)\n\n"
+            + stage_table({"replay": result.outcomes, "simulate": sim.outcomes}))
         print(f"\n## replay vs simulate\n\n{compare_text}")
     if args.report:
         out = Path(args.report)
