@@ -41,7 +41,7 @@ __all__ = [
     "wait_for_topics",
 ]
 
-_LEGAL_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_LEGAL_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}\Z")
 _ALREADY_EXISTS = TopicAlreadyExistsError.errno
 _UNKNOWN_TOPIC = 3
 

@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 CostModel = Literal["requests", "tokens", "adaptive"]
-Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")]
+Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+\Z")]
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 #: The adaptive cost multiplies tokens by an org's measured cost per token
@@ -135,7 +135,7 @@ class Org(_Config):
 class ServiceConfig(_Config):
     """Settings shared by the services."""
 
-    topic_prefix: Annotated[str, Meta(max_length=100, pattern=r"^[A-Za-z0-9._\-]*$")] = "sf."
+    topic_prefix: Annotated[str, Meta(max_length=100, pattern=r"^[A-Za-z0-9._\-]*\Z")] = "sf."
     #: A request may name a reply topic only under this prefix (after topic_prefix).
     reply_prefix: str = "replies."
     #: Requests held by the scheduler across all lanes; beyond it admission

@@ -29,6 +29,7 @@ __all__ = [
     "EmbedInput",
     "Input",
     "LaneState",
+    "LeaderClaim",
     "Message",
     "OrgId",
     "Request",
@@ -41,11 +42,13 @@ __all__ = [
 ]
 
 #: Identifiers are short printable tokens: they end up in keys, logs and
-#: (for orgs, when allow-listed) metric labels.
-RequestId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")]
-OrgId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")]
-EndpointName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")]
-TopicName = Annotated[str, Meta(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._\-]+$")]
+#: (for orgs, when allow-listed) metric labels. Patterns end in ``\Z``, not ``$``:
+#: msgspec searches with Python's ``re``, where ``$`` also matches before a
+#: trailing newline, so "sf.replies.x\n" would pass as a topic name.
+RequestId = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+\Z")]
+OrgId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+\Z")]
+EndpointName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+\Z")]
+TopicName = Annotated[str, Meta(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._\-]+\Z")]
 Priority = Annotated[int, Meta(ge=0, le=100)]
 #: Epoch milliseconds. Bounded so that arithmetic on them never overflows a
 #: float's exact integer range and a nonsense year is an error.
@@ -240,6 +243,19 @@ class SchedulerState(Message, kw_only=True):
     lanes: dict[str, LaneState]
     held_requests: int
     epoch: int = 0
+
+
+class LeaderClaim(Message, kw_only=True):
+    """A scheduler taking over, written to ``scheduler-leader`` before it dispatches.
+
+    ``epoch`` grows with every takeover (the next leader reads the claims
+    and goes higher); batches and snapshots carry it so that workers and
+    admission can tell a deposed leader's output from the current one's.
+    """
+
+    instance: str
+    epoch: Annotated[int, Meta(ge=1)]
+    sent_ms: EpochMs
 
 
 class DeadLetter(Message, kw_only=True):
