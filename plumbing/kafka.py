@@ -21,6 +21,7 @@ override only against a real Kafka cluster.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import ssl
@@ -39,6 +40,7 @@ from plumbing.broker import EmbeddedBroker
 __all__ = [
     "KafkaSettings",
     "add_kafka_arguments",
+    "consumer_lag",
     "kafka_endpoint",
     "make_admin",
     "make_consumer",
@@ -220,6 +222,30 @@ async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
         with contextlib.suppress(KafkaError, AttributeError, OSError):
             await coordinator._send_req(LeaveGroupRequest(coordinator.group_id, member_id))
     await consumer.stop()
+
+
+async def consumer_lag(consumer: AIOKafkaConsumer, partitions, *,
+                       timeout_s: float = 0.5) -> dict[Any, int]:
+    """Records of each partition not yet handed to the caller: ``highwater - position``.
+
+    The high watermark comes with each fetch response (``end_offsets()`` is
+    wrong on Tansu); the position is the next offset ``getmany`` will return,
+    so records fetched but still buffered count as lag. A partition with no
+    fetch response yet, or no position within ``timeout_s``, is left out
+    rather than guessed. A paused partition's high watermark is as old as its
+    last fetch.
+    """
+    lag = {}
+    for tp in partitions:
+        high = consumer.highwater(tp)
+        if high is None:
+            continue
+        try:
+            pos = await asyncio.wait_for(consumer.position(tp), timeout_s)
+        except (KafkaError, TimeoutError):  # not assigned any more, or no position yet
+            continue
+        lag[tp] = max(0, high - pos)
+    return lag
 
 
 def make_admin(settings: KafkaSettings, **overrides: Any) -> AIOKafkaAdminClient:

@@ -15,7 +15,7 @@ import sys
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger"]
+__all__ = ["LogSampler", "configure_logging", "get_logger"]
 
 
 def configure_logging(level: str | None = None, *, json: bool | None = None, stream=None) -> None:
@@ -51,3 +51,33 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
 
 def get_logger(name: str | None = None, **bound) -> structlog.stdlib.BoundLogger:
     return structlog.get_logger(name, **bound) if name else structlog.get_logger(**bound)
+
+
+class LogSampler:
+    """Allows at most ``per_s`` log lines per clock second; counts the rest.
+
+    A burst (a flooding org's rejections, a storm of expiries, thousands of
+    batches a second on a fast model) would otherwise print one line per
+    outcome. Callers log the lines it refuses at debug instead; the
+    suppressed ones still count in metrics and in the totals line.
+    """
+
+    def __init__(self, per_s: int):
+        self.per_s = per_s
+        self.suppressed = 0
+        self._second = -1
+        self._used = 0
+
+    def allow(self, now_ms: float) -> bool:
+        second = int(now_ms // 1000)
+        if second != self._second:
+            self._second, self._used = second, 0
+        if self._used < self.per_s:
+            self._used += 1
+            return True
+        self.suppressed += 1
+        return False
+
+    def log(self, logger, level: str, event: str, now_ms: float, **fields) -> None:
+        """Log ``event`` at ``level`` while this second's allowance lasts, else at debug."""
+        (getattr(logger, level) if self.allow(now_ms) else logger.debug)(event, **fields)
