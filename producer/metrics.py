@@ -1,4 +1,4 @@
-"""Admission's metrics, and the sampler that keeps its logs readable under a burst.
+"""Admission's metrics (the log sampler it uses lives in :mod:`plumbing.logs`).
 
 Every metric lives on a registry passed in (never the global default), so
 several services in one process stay apart. Label values are bounded:
@@ -10,6 +10,8 @@ partitions are the ingress topic's.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from plumbing.logs import LogSampler
 
 __all__ = ["AdmissionMetrics", "LogSampler"]
 
@@ -61,31 +63,17 @@ class AdmissionMetrics:
             "sf_admission_send_failures_total",
             "Failed writes (each attempt), by what was written.", ["kind"], registry=registry,
         )
+        self.results = Counter(
+            "sf_admission_results_total",
+            "Results written by admission and acknowledged (rejected, invalid, failed), by status.",
+            ["status"], registry=registry,
+        )
+        self.broker_reachable = Gauge(
+            "sf_admission_broker_reachable",
+            "1 while the broker answers the readiness probe, 0 once it stopped answering.",
+            registry=registry,
+        )
         self.reloads = Counter(
             "sf_admission_config_reloads_total", "Configuration reloads, applied or refused.",
             ["result"], registry=registry,
         )
-
-
-class LogSampler:
-    """Allows at most ``per_s`` log lines per clock second; counts the rest.
-
-    A burst of rejections (a flooding org) would otherwise print one line per
-    request; the suppressed ones still count in metrics and totals.
-    """
-
-    def __init__(self, per_s: int):
-        self.per_s = per_s
-        self.suppressed = 0
-        self._second = -1
-        self._used = 0
-
-    def allow(self, now_ms: int) -> bool:
-        second = now_ms // 1000
-        if second != self._second:
-            self._second, self._used = second, 0
-        if self._used < self.per_s:
-            self._used += 1
-            return True
-        self.suppressed += 1
-        return False

@@ -47,7 +47,9 @@ import msgspec
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from prometheus_client import CollectorRegistry
+from structlog.contextvars import bound_contextvars
 
+from plumbing.brokerwatch import BrokerWatch
 from plumbing.deadletter import dead_letter
 from plumbing.kafka import (
     KafkaSettings,
@@ -130,6 +132,8 @@ class _Send(msgspec.Struct):
     #: "admitted", "result" or "dead_letter".
     kind: str
     record: Any = None
+    #: A result's status, counted in ``sf_admission_results_total`` once acknowledged.
+    status: str | None = None
     #: Sent instead when this record can never be written (an admitted
     #: request's ``failed`` result), so the sender still gets an answer.
     fallback: _Send | None = None
@@ -175,6 +179,7 @@ class AdmissionService:
         self._consumer = None
         self._state_consumer = None
         self._telemetry: TelemetryServer | None = None
+        self._broker: BrokerWatch | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
         self._stopped = False
@@ -207,6 +212,9 @@ class AdmissionService:
         self._state_consumer = make_consumer(self.kafka, group_id=None)
         await self._state_consumer.start()
         await self._follow_state_from_recent()
+        self._broker = BrokerWatch(self._producer.client, self.topics.ingress,
+                                   service="admission",
+                                   gauge=self.metrics.broker_reachable).start()
         self._tasks.append(asyncio.create_task(self._read_state(), name="admission-state"))
         self._tasks.append(asyncio.create_task(self._log_totals(), name="admission-totals"))
         if self.config_path is not None and self.settings.config_poll_ms > 0:
@@ -225,6 +233,8 @@ class AdmissionService:
         """Ready once the producer runs and some ingress partition is assigned."""
         if self._producer is None or self._consumer is None or self._stopped:
             return False, "not started"
+        if self._broker is not None and not (b := self._broker.status())[0]:
+            return b
         if not self._consumer.assignment():
             return False, "no ingress partition assigned yet"
         return True, "ok"
@@ -261,6 +271,8 @@ class AdmissionService:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._broker is not None:
+            await self._broker.stop()
         if self._consumer is not None:
             await stop_consumer(self._consumer)
         if self._state_consumer is not None:
@@ -304,8 +316,9 @@ class AdmissionService:
             case Admitted(request=req, topic=topic):
                 self.metrics.admitted.labels(req.endpoint, req.tier).inc()
                 self.totals["admitted"] += 1
-                log.debug("request_admitted", request_id=req.id, org=req.org,
-                          endpoint=req.endpoint, tier=req.tier, tokens=req.tokens, topic=topic)
+                with bound_contextvars(request_id=req.id, org=req.org):
+                    log.debug("request_admitted", endpoint=req.endpoint, tier=req.tier,
+                              tokens=req.tokens, topic=topic)
                 failed = Result(id=req.id, status="failed", org=req.org, endpoint=req.endpoint,
                                 reason="admission_send_failed",
                                 message=f"the admitted request could not be written to {topic}")
@@ -316,29 +329,21 @@ class AdmissionService:
                 endpoint, tier = self._labels(result.org, result.endpoint)
                 self.metrics.rejected.labels(endpoint, tier, result.reason or "").inc()
                 self.totals[f"{result.status}:{result.reason}"] += 1
-                fields = {
-                    "request_id": result.id, "org": result.org, "endpoint": result.endpoint,
-                    "status": result.status, "reason": result.reason,
-                    "retry_after_ms": result.retry_after_ms, "message": result.message,
-                }
-                if self._sampler.allow(self.now_ms()):
-                    log.info("request_rejected", **fields)
-                else:
-                    log.debug("request_rejected", **fields)
+                with bound_contextvars(request_id=result.id, org=result.org):
+                    self._sampler.log(log, "info", "request_rejected", self.now_ms(),
+                                      endpoint=result.endpoint, status=result.status,
+                                      reason=result.reason, retry_after_ms=result.retry_after_ms,
+                                      message=result.message)
                 return [self._result_send(result, reply_to, fmt, rec)]
             case DeadLetterReason(reason=reason, error=error, result=result,
                                   reply_to=reply_to, reply_format=fmt):
                 self.metrics.dead_letters.labels(reason).inc()
                 self.totals[f"dead_letter:{reason}"] += 1
-                fields = {
-                    "reason": reason, "error": error[:500], "partition": rec.partition,
-                    "offset": rec.offset, "request_id": result.id if result else None,
-                    "org": result.org if result else None,
-                }
-                if self._sampler.allow(self.now_ms()):
-                    log.warning("request_dead_lettered", **fields)
-                else:
-                    log.debug("request_dead_lettered", **fields)
+                with bound_contextvars(request_id=result.id if result else None,
+                                       org=result.org if result else None):
+                    self._sampler.log(log, "warning", "request_dead_lettered", self.now_ms(),
+                                      reason=reason, error=error[:500], partition=rec.partition,
+                                      offset=rec.offset)
                 sends = [self._dead_letter_send(rec, reason, error)]
                 if result is not None and reply_to is not None:
                     sends.append(self._result_send(result, reply_to, fmt, rec))
@@ -353,7 +358,8 @@ class AdmissionService:
 
     def _result_send(self, result: Result, reply_to: str, fmt: str, rec) -> _Send:
         return _Send(reply_to, _result_codec.encode(result, fmt), result.id.encode(),
-                     [("content-type", content_type(fmt).encode())], "result", rec)
+                     [("content-type", content_type(fmt).encode())], "result", rec,
+                     status=result.status)
 
     def _dead_letter_send(self, rec, reason: str, error: str) -> _Send:
         letter = dead_letter(rec, reason, error)
@@ -375,8 +381,11 @@ class AdmissionService:
         it = iter(results)
         outcomes = [f if isinstance(f, BaseException) else next(it) for f in futures]
         for s, outcome in zip(sends, outcomes, strict=True):
-            if isinstance(outcome, BaseException) and not await self._retry(s, outcome):
-                return False
+            if isinstance(outcome, BaseException):
+                if not await self._retry(s, outcome):
+                    return False
+            elif s.status is not None:
+                self.metrics.results.labels(s.status).inc()
         return True
 
     async def _retry(self, s: _Send, error: BaseException) -> bool:
@@ -400,6 +409,8 @@ class AdmissionService:
             attempts += 1
             try:
                 await self._producer.send_and_wait(s.topic, s.value, key=s.key, headers=s.headers)
+                if s.status is not None:
+                    self.metrics.results.labels(s.status).inc()
                 return True
             except Exception as e:  # noqa: BLE001 - classified at the top of the loop
                 error = e
