@@ -18,10 +18,9 @@ pauses its partitions (admission meanwhile rejects with ``overloaded``), and
 resumes below 90 % of it, so it does not flap at the limit. The overshoot is
 at most one fetch (``max_poll_records``).
 
-Caveat: held requests of a revoked partition stay in the core and are still
-dispatched, while the partition's next owner replays them: a duplicate,
-absorbed by results being keyed by request id. The core has no removal by
-id to avoid it.
+Held requests of a revoked partition are taken out of the core at once
+(the partition's next owner replays them), and :meth:`TierIntake.hand_back_all`
+does the same for everything when the scheduler stops leading.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from plumbing.deadletter import send_dead_letter
-from plumbing.kafka import KafkaSettings, make_consumer, stop_consumer
+from plumbing.kafka import KafkaSettings, consumer_lag, make_consumer, stop_consumer
 from scheduler.core import Scheduler
 from scheduler.entry import Entry
 from scheduler.metrics import SchedulerMetrics
@@ -133,9 +132,10 @@ class TierIntake:
             return
         with contextlib.suppress(Exception):
             await self.commit()
+        # Cleared first: the commit loop and lag updates skip a stopping consumer.
+        consumer, self._consumer = self._consumer, None
         with contextlib.suppress(Exception):
-            await stop_consumer(self._consumer)
-        self._consumer = None
+            await stop_consumer(consumer)
 
     def tier_topics(self, config: Config) -> list[str]:
         return [self.topics.tier(t) for t in config.tier_names]
@@ -237,6 +237,8 @@ class TierIntake:
             await send_result(self._producer, addr.reply_to, result, fmt)
         except KafkaError as e:
             log.error("result_send_failed", request_id=addr.id, error=repr(e))
+            return
+        self.metrics.results.labels("invalid").inc()
 
     def _reply_address(self, rec) -> _ReplyAddress | None:
         allowed = self.topics.reply_prefix(self.config)
@@ -251,6 +253,31 @@ class TierIntake:
         return None
 
     # -- done, pressure, lag, commits -------------------------------------------
+
+    def owns(self, request_id: str) -> bool:
+        """True while ``request_id`` came from a partition this intake still holds."""
+        return request_id in self._origin
+
+    def hand_back_all(self) -> int:
+        """Drop every held request from the core (after :meth:`stop`); returns how many.
+
+        For a scheduler that stopped leading: nothing it held was committed,
+        so the next leader replays all of it. The intake can start again.
+        """
+        dropped = 0
+        for rid in list(self._origin):
+            e = self.core.remove(rid)
+            if e is not None:
+                self.backlog.remove(e.payload.endpoint, e.tier, e.org, e.tokens)
+                dropped += 1
+        self._origin.clear()
+        self.offsets = OffsetTracker()
+        self.assigned = set()
+        self._end_offsets = {}
+        if self.paused:
+            self.paused = False
+            self.metrics.paused.set(0)
+        return dropped
 
     def release(self, request_id: str) -> None:
         """``request_id`` is done: its offset may be committed past."""
@@ -275,21 +302,28 @@ class TierIntake:
             self.metrics.paused.set(0)
             log.info("intake_resumed", held=self.core.held)
 
-    def update_lag(self) -> None:
+    async def update_lag(self) -> None:
+        """Per tier: records not yet read, ``highwater - position`` (see :func:`consumer_lag`)."""
         consumer = self._consumer
         if consumer is None:
             return
         lag: dict[str, int] = {t: 0 for t in self.config.tier_names}
         by_topic = {self.topics.tier(t): t for t in self.config.tier_names}
-        for tp in self.assigned:
+        assigned = list(self.assigned)
+        found = await consumer_lag(consumer, assigned)
+        for tp in assigned:
             tier = by_topic.get(tp.topic)
             if tier is None:
                 continue
-            # highwater comes with each fetch, so it is stale while paused; the
-            # end offsets the commit loop asks for then cover that (on Tansu
-            # they may lag the true end by one produce batch).
-            high = max(consumer.highwater(tp) or 0, self._end_offsets.get(tp, 0))
-            lag[tier] += max(0, high - (self.offsets.position(tp) or 0))
+            n = found.get(tp, 0)
+            if self.paused and tp in self._end_offsets:
+                # No fetch while paused, so the high watermark is stale: the end
+                # offsets asked for meanwhile cover that (on Tansu they may be
+                # behind the true end by one produce batch, never ahead).
+                pos = self.offsets.position(tp)
+                if pos is not None:
+                    n = max(n, self._end_offsets[tp] - pos)
+            lag[tier] += n
         for tier, n in lag.items():
             self.metrics.lag.labels(tier).set(n)
 
@@ -298,11 +332,12 @@ class TierIntake:
             await asyncio.sleep(every_s)
             try:
                 await self.commit()
-            except KafkaError as e:
+            except Exception as e:  # noqa: BLE001 - e.g. the consumer stopped by a deposition
                 log.warning("commit_failed", error=repr(e))
-            if self.paused and self.assigned:
+            if self.paused and self.assigned and self._consumer is not None:
                 with contextlib.suppress(KafkaError):
                     self._end_offsets = await self._consumer.end_offsets(list(self.assigned))
+            await self.update_lag()
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit each partition up to its oldest held request (or all it read)."""

@@ -1,14 +1,21 @@
 """The scheduler service's Prometheus metrics, on a registry passed in.
 
 Names follow ``sf_scheduler_<thing>_<unit>``. Labels are bounded: endpoint
-and tier come from the configuration, ``reason`` from a fixed set of codes;
-no org or request id is ever a label (per-org backlog goes to the
-``scheduler-state`` topic instead).
+and tier come from the configuration, ``reason`` and ``status`` from fixed
+sets of codes. An ``org`` label exists only on the dispatched counters, and
+its values are the orgs of ``service.metrics_org_allowlist`` plus ``other``
+for every org not listed (:meth:`SchedulerMetrics.org_label`), so the
+series count is bounded by the configuration, never by traffic. Per-org
+backlog of every org goes to the ``scheduler-state`` topic instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from schemas.config import Config
 
 __all__ = ["SchedulerMetrics"]
 
@@ -20,8 +27,14 @@ _FILL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 class SchedulerMetrics:
     """Every metric of one scheduler service."""
 
-    def __init__(self, registry: CollectorRegistry):
+    #: The ``org`` label of an org outside ``service.metrics_org_allowlist``.
+    OTHER_ORG = "other"
+
+    def __init__(self, registry: CollectorRegistry, config: Config | None = None):
         p = "sf_scheduler"
+        self.org_allowlist: frozenset[str] = frozenset()
+        if config is not None:
+            self.configure(config)
         r = registry
         self.received = Counter(f"{p}_requests_received_total",
                                 "Admitted requests read from the tier topics", ["tier"], registry=r)
@@ -32,6 +45,27 @@ class SchedulerMetrics:
                                    ["endpoint", "tier"], registry=r)
         self.held_tokens = Gauge(f"{p}_held_tokens", "Tokens of the requests held in memory",
                                  ["endpoint", "tier"], registry=r)
+        self.held_cost = Gauge(f"{p}_held_cost",
+                               "Cost of the requests held in memory, in the endpoint's cost units "
+                               "(requests, tokens, or tokens x the org's measured ratio)",
+                               ["endpoint", "tier"], registry=r)
+        self.dispatched_requests = Counter(
+            f"{p}_dispatched_requests_total",
+            "Requests in acknowledged batches, by org (allowlisted orgs, else 'other')",
+            ["endpoint", "tier", "org"], registry=r)
+        self.dispatched_cost = Counter(
+            f"{p}_dispatched_cost_total",
+            "Cost of the requests in acknowledged batches, in the endpoint's cost units: "
+            "each org's served share", ["endpoint", "tier", "org"], registry=r)
+        self.results = Counter(f"{p}_results_total",
+                               "Results the scheduler wrote and the broker acknowledged "
+                               "(expired, invalid), by status", ["status"], registry=r)
+        self.events_lag = Gauge(f"{p}_worker_events_lag_records",
+                                "Worker events not yet read (highwater - position)", registry=r)
+        self.broker_reachable = Gauge(f"{p}_broker_reachable",
+                                      "1 while the broker answers the readiness probe", registry=r)
+        self.reloads = Counter(f"{p}_config_reloads_total",
+                               "Configuration reloads, applied or refused", ["result"], registry=r)
         self.drr_rounds = Counter(f"{p}_drr_rounds_total", "DRR turns granted to orgs",
                                   ["endpoint"], registry=r)
         self.batches = Counter(f"{p}_batches_emitted_total",
@@ -61,3 +95,22 @@ class SchedulerMetrics:
         self.paused = Gauge(f"{p}_intake_paused",
                             "1 while tier consumers are paused (max_held_requests reached)",
                             registry=r)
+
+    def configure(self, config: Config) -> None:
+        """Follow a (re)loaded configuration: the org allowlist may change."""
+        self.org_allowlist = frozenset(config.service.metrics_org_allowlist)
+
+    def org_label(self, org: str) -> str:
+        """``org`` if it is allowlisted, else ``other``: the label set stays bounded."""
+        return org if org in self.org_allowlist else self.OTHER_ORG
+
+    def dispatched(self, endpoint: str, entries: Iterable, cost: Callable[[object], float]) -> None:
+        """Count an acknowledged batch's requests and cost per (tier, org label)."""
+        sums: dict[tuple[str, str], list[float]] = {}
+        for e in entries:
+            s = sums.setdefault((e.tier, self.org_label(e.org)), [0, 0.0])
+            s[0] += 1
+            s[1] += cost(e)
+        for (tier, org), (n, c) in sums.items():
+            self.dispatched_requests.labels(endpoint, tier, org).inc(n)
+            self.dispatched_cost.labels(endpoint, tier, org).inc(c)

@@ -24,9 +24,24 @@ reading and changing it):
 
 Bad records, backpressure and offsets are the intake's (see there).
 
+Active and standby (:mod:`scheduler.leader`): every instance reads the
+worker events; only the one the leader group elects joins the tier group
+and dispatches, stamping its epoch on batches and snapshots. On losing
+leadership it stops dispatching at once and hands back every held request
+(the new leader replays them from the committed offsets). A new leader
+uses a worker only once it heard from it after the takeover
+(:meth:`scheduler.flow.FlowControl.takeover`), so the old leader's batches
+still waiting on a worker's partition are not over-sent.
+
 Stop (SIGTERM/SIGINT): stop fetching, let acknowledged work commit, commit
-nothing still held (a restart replays it), log totals. SIGHUP reloads the
+nothing still held (a restart replays it), log totals. SIGHUP, or a change
+of the file's modification time (``config_poll_ms``), reloads the
 configuration file; an invalid one is refused and the old one stays.
+
+Logs: ``batch_emitted`` (``batch_id`` bound) and ``request_expired``
+(``request_id``, ``org`` bound), at most ``log_lines_per_s`` a second at
+info, the rest at debug; ``scheduler_totals`` every
+``totals_log_interval_s`` and ``scheduler_stopped`` sum them up.
 """
 
 from __future__ import annotations
@@ -34,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import time
 import uuid
@@ -46,22 +62,27 @@ import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
+from structlog.contextvars import bound_contextvars
 
+from plumbing.brokerwatch import BrokerWatch
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
+    consumer_lag,
     kafka_endpoint,
     make_consumer,
     make_producer,
     settings_from_args,
     stop_consumer,
 )
+from plumbing.logs import LogSampler
 from plumbing.telemetry import TelemetryServer
 from plumbing.topics import ensure_topics
 from scheduler.core import Policy, Scheduler
 from scheduler.entry import Entry
 from scheduler.flow import FlowControl, LostWorker
 from scheduler.intake import TierIntake, send_result
+from scheduler.leader import LeaderElection
 from scheduler.metrics import SchedulerMetrics
 from scheduler.snapshot import Backlog, ServiceRate, lane_state
 from schemas.codec import DecodeError, codec_for, content_type
@@ -99,6 +120,20 @@ class SchedulerSettings:
     metrics_host: str = "127.0.0.1"
     #: None: no HTTP endpoint (in-process tests); 0 picks a free port.
     metrics_port: int | None = None
+    #: Session of the leader group: a crashed leader is replaced about this
+    #: long (Tansu: ~1.5x) plus two group joins after it died. None: the
+    #: Kafka settings' session_timeout_ms. Apache Kafka refuses values below
+    #: its group.min.session.timeout.ms (6 s by default).
+    leader_session_timeout_ms: int | None = None
+    #: The configuration file, reloaded when its modification time changes
+    #: (checked every ``config_poll_ms``; 0: on SIGHUP only). None: no file.
+    config_path: str | None = None
+    config_poll_ms: int = 2_000
+    #: ``batch_emitted`` and ``request_expired`` lines per second at info;
+    #: the rest of a burst goes to debug and into the totals line.
+    log_lines_per_s: int = 20
+    #: Period of the ``scheduler_totals`` info line.
+    totals_log_interval_s: float = 30.0
 
 
 class SchedulerService:
@@ -112,7 +147,7 @@ class SchedulerService:
         self.settings = settings or SchedulerSettings()
         self.topics = Topics.of(config)
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = SchedulerMetrics(self.registry)
+        self.metrics = SchedulerMetrics(self.registry, config)
         self.core = Scheduler(config, self.settings.policy)
         self.flow = FlowControl(config.service.worker_timeout_ms)
         self.backlog = Backlog()
@@ -124,10 +159,20 @@ class SchedulerService:
         self._producer = None
         self._event_consumer = None
         self._telemetry: TelemetryServer | None = None
+        self._broker: BrokerWatch | None = None
+        self._sampler = LogSampler(self.settings.log_lines_per_s)
+        self._config_mtime: float | None = None
+        self._reload_lock = asyncio.Lock()
         self._batch_seq = 0
         self._rounds: dict[str, int] = {}
         self._next_state_s = 0.0
         self._tasks: list[asyncio.Task] = []
+        #: Dispatch only while True: set by the election, cleared on any doubt.
+        self.leading = False
+        self.epoch = 0
+        self.election: LeaderElection | None = None
+        self._intake_task: asyncio.Task | None = None
+        self._failure: BaseException | None = None
         self.totals = {"received": 0, "dispatched": 0, "batches": 0, "expired": 0,
                        "invalid": 0, "duplicates": 0}
         self.intake = TierIntake(config, self.topics, self.core, self.backlog, self.metrics,
@@ -150,10 +195,19 @@ class SchedulerService:
         await ensure_topics(self.kafka, self.topics.all(cfg))
         self._producer = make_producer(self.kafka, linger_ms=self.settings.linger_ms)
         await self._producer.start()
-        await self.intake.start(self.kafka, self._producer)
+        self.election = LeaderElection(
+            self.kafka, self.topics.scheduler_leader, f"{self.topics.prefix}scheduler-leader",
+            self.instance, self._producer, on_elected=self._on_elected,
+            on_deposed=self._on_deposed, on_suspend=self._on_suspend, on_resume=self._on_resume,
+            session_timeout_ms=self.settings.leader_session_timeout_ms, registry=self.registry)
         self._event_consumer = make_consumer(self.kafka, group_id=None)
         await self._event_consumer.start()
         await self._seek_recent_events()
+        await self.election.start()
+        self._broker = BrokerWatch(self._producer.client, self.topics.worker_events,
+                                   service="scheduler",
+                                   gauge=self.metrics.broker_reachable).start()
+        self._config_mtime = self._mtime()
         if self.settings.metrics_port is not None:
             self._telemetry = TelemetryServer(self.registry, self.readiness,
                                               host=self.settings.metrics_host,
@@ -167,12 +221,15 @@ class SchedulerService:
     async def run(self) -> None:
         """Serve until :meth:`request_stop` (or cancellation)."""
         self._tasks = [
-            asyncio.create_task(self.intake.run(), name="scheduler-tiers"),
+            asyncio.create_task(self.election.run(), name="scheduler-election"),
             asyncio.create_task(self._event_loop(), name="scheduler-events"),
             asyncio.create_task(self._dispatch_loop(), name="scheduler-dispatch"),
             asyncio.create_task(self.intake.commit_loop(self.settings.commit_interval_ms / 1000),
                                 name="scheduler-commit"),
+            asyncio.create_task(self._totals_loop(), name="scheduler-totals"),
         ]
+        if self.settings.config_path and self.settings.config_poll_ms > 0:
+            self._tasks.append(asyncio.create_task(self._watch_config(), name="scheduler-config"))
         stop = asyncio.create_task(self._stopping.wait())
         try:
             done, _ = await asyncio.wait([stop, *self._tasks],
@@ -183,6 +240,8 @@ class SchedulerService:
         finally:
             stop.cancel()
             await self._cancel_tasks()
+        if self._failure is not None:
+            raise self._failure
 
     def request_stop(self) -> None:
         """Ask :meth:`run` to return (signal handlers call this)."""
@@ -194,7 +253,13 @@ class SchedulerService:
         await self._cancel_tasks()
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=5)
-        await self.intake.stop()
+        self.leading = False
+        await self._stop_intake()
+        if self.election is not None:
+            await self.election.stop()  # after the intake: the next leader replays from its commit
+        if self._broker is not None:
+            await self._broker.stop()
+            self._broker = None
         if self._event_consumer is not None:
             with contextlib.suppress(Exception):
                 await stop_consumer(self._event_consumer)
@@ -205,7 +270,7 @@ class SchedulerService:
             await self._telemetry.stop()
         self._event_consumer = self._producer = None
         if self.started:
-            log.info("scheduler_stopped", held=self.core.held, **self.totals)
+            log.info("scheduler_stopped", **self._totals_fields())
         self.started = False
 
     async def _cancel_tasks(self) -> None:
@@ -219,9 +284,57 @@ class SchedulerService:
     def readiness(self) -> tuple[bool, str]:
         if self._producer is None:
             return False, "producer not started"
+        if self._broker is not None and not (b := self._broker.status())[0]:
+            return b
+        if not self.leading:
+            state = self.election.state if self.election is not None else "starting"
+            return False, (f"standby ({state}): waiting for leadership; "
+                           f"{len(self.flow.workers)} workers known")
         if not self.intake.assigned:
-            return False, "no tier partition assigned"
-        return True, f"ok: {len(self.intake.assigned)} tier partitions, {self.core.held} held"
+            return False, f"leader (epoch {self.epoch}): no tier partition assigned yet"
+        return True, (f"ok: leader epoch {self.epoch}, {len(self.intake.assigned)} tier "
+                      f"partitions, {self.core.held} held")
+
+    # -- leadership ------------------------------------------------------------
+
+    def _on_suspend(self) -> None:
+        """The leader group rebalances: no dispatch until it says we still lead."""
+        self.leading = False
+
+    def _on_resume(self) -> None:
+        self.leading = True
+        self._wake.set()
+
+    async def _on_elected(self, epoch: int) -> None:
+        """Newly leader: take over the workers' slots, join the tier group, dispatch."""
+        self.epoch = epoch
+        self.flow.takeover(time.time() * 1000)
+        await self.intake.start(self.kafka, self._producer)
+        self._intake_task = asyncio.create_task(self.intake.run(), name="scheduler-tiers")
+        self._intake_task.add_done_callback(self._intake_done)
+        self.leading = True
+        self._wake.set()
+
+    async def _on_deposed(self) -> None:
+        """Someone else leads: stop reading tiers, hand back everything held."""
+        self.leading = False
+        self.epoch = 0
+        handed = await self._stop_intake()
+        log.warning("scheduler_standing_by", instance=self.instance, handed_back=handed)
+
+    async def _stop_intake(self) -> int:
+        task, self._intake_task = self._intake_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.intake.stop()
+        return self.intake.hand_back_all()
+
+    def _intake_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._failure = task.exception()
+            self._stopping.set()
 
     # -- configuration ---------------------------------------------------------
 
@@ -233,19 +346,45 @@ class SchedulerService:
         self.core.reconfigure(config)
         self.flow.worker_timeout_ms = config.service.worker_timeout_ms
         self.config = config
+        self.metrics.configure(config)
         self.intake.reconfigure(config)
         self._wake.set()
         log.info("config_reloaded", tiers=config.tier_names, endpoints=list(config.endpoints))
 
     async def reload_file(self, path: str) -> bool:
         """SIGHUP: load ``path``; an invalid file is refused with every problem logged."""
+        async with self._reload_lock:
+            self._config_mtime = self._mtime()
+            try:
+                config = load_config(path)
+                await self.reload(config)
+            except ConfigError as e:
+                self.metrics.reloads.labels("refused").inc()
+                log.error("config_refused", path=path, problems=e.problems,
+                          detail="the running configuration stays in force")
+                return False
+            except Exception as e:  # noqa: BLE001 - a failed reload must not stop the service
+                self.metrics.reloads.labels("refused").inc()
+                log.error("config_refused", path=path, error=repr(e),
+                          detail="the running configuration stays in force")
+                return False
+            self.metrics.reloads.labels("applied").inc()
+            return True
+
+    def _mtime(self) -> float | None:
+        if not self.settings.config_path:
+            return None
         try:
-            config = load_config(path)
-            await self.reload(config)
-        except ConfigError as e:
-            log.error("config_refused", path=path, problems=e.problems)
-            return False
-        return True
+            return os.stat(self.settings.config_path).st_mtime
+        except OSError:
+            return None
+
+    async def _watch_config(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.config_poll_ms / 1000)
+            mtime = self._mtime()
+            if mtime is not None and mtime != self._config_mtime:
+                await self.reload_file(self.settings.config_path)
 
     # -- intake: worker events -------------------------------------------------
 
@@ -285,6 +424,8 @@ class SchedulerService:
                     self._observe(ev, now_ms)
             if batches:
                 self._wake.set()
+            lag = await consumer_lag(consumer, consumer.assignment())
+            self.metrics.events_lag.set(sum(lag.values()))
 
     def _observe(self, ev: WorkerEvent, now_ms: float) -> None:
         obs = self.flow.observe(ev, now_ms)
@@ -319,13 +460,14 @@ class SchedulerService:
             now = time.time()
             for lost in self.flow.expire(now * 1000):
                 self._lost(lost)
-            self._expired(self.core.expire(now))
-            await self._dispatch(now)
-            if self.intake.paused:
-                self.intake.check_pressure()
-            if now >= self._next_state_s:
-                self._next_state_s = now + state_every_s
-                self._publish_state(now)
+            if self.leading:
+                self._expired(self.core.expire(now))
+                await self._dispatch(now)
+                if self.intake.paused:
+                    self.intake.check_pressure()
+                if now >= self._next_state_s:
+                    self._next_state_s = now + state_every_s
+                    self._publish_state(now)
             await self._sleep_until_due(now)
 
     async def _sleep_until_due(self, now: float) -> None:
@@ -340,7 +482,8 @@ class SchedulerService:
 
     async def _dispatch(self, now: float) -> None:
         for endpoint, lane in list(self.core.lanes.items()):
-            while lane.held > 0:
+            # Checked before every batch: a send awaits, and leadership can go meanwhile.
+            while lane.held > 0 and self.leading:
                 claim = self.flow.claim(endpoint)
                 if claim is None:
                     break
@@ -356,6 +499,7 @@ class SchedulerService:
                     tokens=sum(e.tokens for e in d.batch),
                     created_ms=int(now * 1000),
                     worker=claim.worker,
+                    epoch=self.epoch,
                 )
                 self.flow.sent(claim.worker, batch.id, now * 1000)
                 for e in d.batch:
@@ -385,21 +529,26 @@ class SchedulerService:
         m.batch_requests.labels(endpoint).observe(len(entries))
         if ep is not None:
             m.batch_fill.labels(endpoint).observe(batch.tokens / ep.max_batch_tokens)
+        lane = self.core.lanes.get(endpoint)
+        m.dispatched(endpoint, entries, lane.cost.cost if lane else lambda e: float(e.tokens))
         for e in entries:
             self.intake.release(e.id)
             m.queue_wait.labels(e.tier).observe(max(0.0, now - e.payload.admitted_ms / 1000))
         self.totals["batches"] += 1
         self.totals["dispatched"] += len(entries)
-        log.info("batch_emitted", batch_id=batch.id, endpoint=endpoint, worker=batch.worker,
-                 partition=partition, requests=len(entries), tokens=batch.tokens,
-                 orgs=sorted({e.org for e in entries})[:10])
+        with bound_contextvars(batch_id=batch.id):
+            self._sampler.log(log, "info", "batch_emitted", now * 1000, endpoint=endpoint,
+                              worker=batch.worker, partition=partition, requests=len(entries),
+                              tokens=batch.tokens, orgs=sorted({e.org for e in entries})[:10])
 
     def _batch_failed(self, endpoint: str, batch: Batch, entries: list[Entry], error) -> None:
         """The write failed: the requests go back into the core, the slot is freed."""
         self.flow.done(batch.id)
         self.metrics.failures.labels("batch_send").inc()
         for e in entries:
-            if self.core.push(endpoint, e):
+            # Only what this leadership still owns: otherwise the offset stayed
+            # uncommitted and the current leader replays it.
+            if self.leading and self.intake.owns(e.id) and self.core.push(endpoint, e):
                 self.backlog.add(endpoint, e.tier, e.org, e.tokens)
         log.error("batch_send_failed", batch_id=batch.id, endpoint=endpoint,
                   requests=len(entries), error=repr(error))
@@ -413,8 +562,9 @@ class SchedulerService:
             self.totals["expired"] += 1
             self.metrics.expired.labels(req.endpoint, e.tier).inc()
             late_ms = now_ms - (req.deadline_at_ms or now_ms)
-            log.info("request_expired", request_id=req.id, org=req.org, endpoint=req.endpoint,
-                     tier=e.tier, late_ms=late_ms)
+            with bound_contextvars(request_id=req.id, org=req.org):
+                self._sampler.log(log, "info", "request_expired", now_ms, endpoint=req.endpoint,
+                                  tier=e.tier, late_ms=late_ms)
             result = Result(id=req.id, status="expired", org=req.org, endpoint=req.endpoint,
                             reason="deadline_passed",
                             message=f"the deadline passed while the request waited "
@@ -431,6 +581,7 @@ class SchedulerService:
             self.metrics.failures.labels("result_send").inc()
             log.error("result_send_failed", request_id=req.id, error=repr(e))
             return
+        self.metrics.results.labels("expired").inc()
         self.intake.release(req.id)
 
     # -- state, commits --------------------------------------------------------
@@ -448,17 +599,19 @@ class SchedulerService:
                 held_cost_by_tier=self.backlog.cost_by_tier(endpoint, cost_fn),
                 backlog=self.backlog, tokens_per_s=self.rates.total(w.worker for w in workers),
                 free_slots=free, workers=len(workers), top_orgs=self.settings.state_top_orgs)
+            held_cost = lanes[endpoint].held_cost_by_tier
             for tier, n in st.held_by_tier.items():
                 m.held_requests.labels(endpoint, tier).set(n)
                 m.held_tokens.labels(endpoint, tier).set(st.held_tokens_by_tier.get(tier, 0))
+                m.held_cost.labels(endpoint, tier).set(held_cost.get(tier, 0.0))
             m.free_slots.labels(endpoint).set(free)
             m.workers.labels(endpoint).set(len(workers))
             prev = self._rounds.get(endpoint, 0)
             if st.rounds > prev:
                 m.drr_rounds.labels(endpoint).inc(st.rounds - prev)
             self._rounds[endpoint] = st.rounds
-        self.intake.update_lag()
-        state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held)
+        state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held,
+                               epoch=self.epoch)
         self._spawn(self._send_state(state))
 
     def _cost_fn(self, endpoint: str):
@@ -477,6 +630,15 @@ class SchedulerService:
                                       headers=_MSGPACK_HEADERS)
         except KafkaError as e:
             log.warning("state_send_failed", error=repr(e))
+
+    def _totals_fields(self) -> dict[str, Any]:
+        return {"held": self.core.held, **self.totals,
+                "log_lines_suppressed": self._sampler.suppressed}
+
+    async def _totals_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.totals_log_interval_s)
+            log.info("scheduler_totals", **self._totals_fields())
 
     # -- helpers ---------------------------------------------------------------
 
@@ -509,6 +671,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address of the metrics endpoint (0.0.0.0 in a container)")
     parser.add_argument("--commit-interval-ms", type=int, default=500,
                         help="how often tier offsets are committed (ms)")
+    parser.add_argument("--leader-session-timeout-ms", type=int, default=None,
+                        help="session of the leader group: a crashed leader is replaced after "
+                             "about this long plus two group joins (default: the Kafka "
+                             "session timeout)")
     add_kafka_arguments(parser)
 
 
@@ -525,7 +691,9 @@ def run(args: argparse.Namespace) -> int:
     kafka = settings_from_args(args)
     settings = SchedulerSettings(policy=args.policy, metrics_port=args.metrics_port,
                                  metrics_host=args.metrics_host,
-                                 commit_interval_ms=args.commit_interval_ms)
+                                 commit_interval_ms=args.commit_interval_ms,
+                                 leader_session_timeout_ms=args.leader_session_timeout_ms,
+                                 config_path=args.config)
     return asyncio.run(_main(config, kafka, settings, args.config))
 
 
