@@ -22,7 +22,14 @@ The model runs in a thread, so heartbeats keep flowing during a long batch
 and the scheduler does not mistake a busy worker for a dead one.
 
 Stop (SIGTERM/SIGINT): stop taking batches, finish those in hand, send
-``bye``, commit, leave the group.
+``bye``, commit, leave the group, log the totals (``worker_stopped``).
+
+Logs: one line per outcome, with ``batch_id`` (and ``request_id``, ``org``
+for a request) bound through contextvars: ``batch_served`` per batch,
+``request_served`` (debug), ``request_failed``, ``request_invalid`` and
+``request_expired`` per request once its result is acknowledged. Lines past
+``log_lines_per_s`` in a second go to debug; ``worker_totals`` sums them
+up every ``totals_log_interval_s``.
 """
 
 from __future__ import annotations
@@ -30,12 +37,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Self
 
 import msgspec
@@ -45,16 +54,19 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from plumbing.brokerwatch import BrokerWatch
 from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
+    consumer_lag,
     kafka_endpoint,
     make_consumer,
     make_producer,
     settings_from_args,
     stop_consumer,
 )
+from plumbing.logs import LogSampler
 from plumbing.telemetry import TelemetryServer
 from plumbing.topics import ensure_topics
 from scheduler.offsets import OffsetTracker
@@ -101,6 +113,11 @@ class WorkerSettings:
     #: first calls of a shape are slow (kernel selection, allocator growth),
     #: and the first real requests should not pay for that.
     warm_up: bool = True
+    #: Per-batch and per-request lines logged per second at info/warning;
+    #: the rest of a burst goes to debug and into the totals line.
+    log_lines_per_s: int = 20
+    #: Period of the ``worker_totals`` info line.
+    totals_log_interval_s: float = 30.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
 
@@ -127,6 +144,12 @@ class WorkerStats:
     #: Most batches sent to this worker and not finished at once: in hand
     #: plus those waiting on its partitions. Flow control keeps it <= slots.
     max_backlog: int = 0
+    #: Results acknowledged by the broker, by status.
+    results: Counter = field(default_factory=Counter)
+
+    def totals(self) -> dict:
+        return {"batches": self.batches, "requests": self.requests,
+                "dead_letters": self.dead_letters, "results": dict(self.results)}
 
 
 def load_model(config: Config, endpoint: str, spec: str | None = None, device: str | None = None):
@@ -183,6 +206,9 @@ class WorkerService:
         self._producer = None
         self._consumer = None
         self._telemetry: TelemetryServer | None = None
+        self._broker: BrokerWatch | None = None
+        self._sampler = LogSampler(settings.log_lines_per_s)
+        self._tiers = frozenset(config.tier_names)
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
         self.started = False
@@ -230,6 +256,8 @@ class WorkerService:
                                        f"{self.endpoint}", max_poll_records=self.slots)
         self._consumer.subscribe([self.batch_topic], listener=_Listener(self))
         await self._consumer.start()
+        self._broker = BrokerWatch(self._producer.client, self.batch_topic, service="worker",
+                                   gauge=self.metrics.broker_reachable).start()
         self.started = True
         log.info("worker_started", worker=self.worker_id, endpoint=self.endpoint,
                  slots=self.slots, model=self.model.name)
@@ -237,7 +265,8 @@ class WorkerService:
     async def run(self) -> None:
         """Serve until :meth:`request_stop` (or cancellation)."""
         self._tasks = [asyncio.create_task(self._fetch_loop(), name="worker-fetch"),
-                       asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat")]
+                       asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat"),
+                       asyncio.create_task(self._totals_loop(), name="worker-totals")]
         stop = asyncio.create_task(self._stopping.wait())
         try:
             done, _ = await asyncio.wait([stop, *self._tasks],
@@ -267,8 +296,7 @@ class WorkerService:
             await self._commit()
         await self._close()
         log.info("worker_stopped", worker=self.worker_id, endpoint=self.endpoint,
-                 batches=self.stats.batches, requests=self.stats.requests,
-                 dead_letters=self.stats.dead_letters)
+                 **self._totals_fields())
 
     async def abort(self) -> None:
         """Die as a crashed process would: no bye, no commit (for failure tests)."""
@@ -279,6 +307,9 @@ class WorkerService:
         await self._close()
 
     async def _close(self) -> None:
+        if self._broker is not None:
+            await self._broker.stop()
+            self._broker = None
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await stop_consumer(self._consumer)
@@ -301,6 +332,8 @@ class WorkerService:
     def readiness(self) -> tuple[bool, str]:
         if self.model is None:
             return False, "model not loaded"
+        if self._broker is not None and not (b := self._broker.status())[0]:
+            return b
         if not self._partitions:
             return False, "no batch partition assigned"
         return True, f"ok: partitions {self._partitions}, {len(self._in_hand)} batches in hand"
@@ -346,6 +379,24 @@ class WorkerService:
                 await self._announce("heartbeat")
             except KafkaError as e:
                 log.warning("event_send_failed", kind="heartbeat", error=repr(e))
+            await self._update_lag()
+
+    async def _update_lag(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        tps = [TopicPartition(self.batch_topic, p) for p in self._partitions]
+        lag = await consumer_lag(consumer, tps)
+        self.metrics.lag.labels(self.endpoint).set(sum(lag.values()))
+
+    def _totals_fields(self) -> dict:
+        return {**self.stats.totals(), "log_lines_suppressed": self._sampler.suppressed}
+
+    async def _totals_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.totals_log_interval_s)
+            log.info("worker_totals", worker=self.worker_id, endpoint=self.endpoint,
+                     **self._totals_fields())
 
     # -- batches ---------------------------------------------------------------
 
@@ -407,20 +458,27 @@ class WorkerService:
         self.stats.max_backlog = max(self.stats.max_backlog, n + waiting)
 
     async def _serve(self, tp: TopicPartition, offset: int, batch: Batch) -> None:
+        # Its own task, so the ids bound here reach every line of this batch
+        # (and the callbacks of its sends), and no other batch's.
+        with structlog.contextvars.bound_contextvars(batch_id=batch.id, worker=self.worker_id,
+                                                     endpoint=self.endpoint):
+            await self._serve_bound(tp, offset, batch)
+
+    async def _serve_bound(self, tp: TopicPartition, offset: int, batch: Batch) -> None:
         t0 = time.perf_counter()
         sends: list[asyncio.Future] = []
         served: list[Served] = []
         ok: list[Served] = []
         results_ok = False
-        log_ = log.bind(batch_id=batch.id, worker=self.worker_id, endpoint=self.endpoint)
         try:
             async with self._model_lock:
                 async for done in self.executor.serve(batch):
                     for s in done:
-                        sends.append(await self._publish(s.request, s.result))
-                        self.metrics.requests.labels(self.endpoint, s.result.status).inc()
+                        fut = await self._publish(s.request, s.result)
+                        fut.add_done_callback(functools.partial(self._result_written, s))
+                        sends.append(fut)
                     served.extend(done)
-            results_ok = await self._await_sends(sends, log_)
+            results_ok = await self._await_sends(sends)
             ok = [s for s in served if s.result.status == "ok"]
             # Out of hand before announcing: a heartbeat sent meanwhile must
             # not list it again after its batch_done.
@@ -430,7 +488,7 @@ class WorkerService:
         except Exception as e:  # noqa: BLE001 - a batch must never take the worker down
             # Left uncommitted: the next owner of the partition serves it again.
             self.metrics.failures.labels(self.endpoint, "batch_error").inc()
-            log_.error("batch_failed", error=repr(e))
+            log.error("batch_failed", requests=len(batch.requests), error=repr(e))
         finally:
             self._in_hand.pop(batch.id, None)
             self._in_hand_tp.pop(batch.id, None)
@@ -444,9 +502,31 @@ class WorkerService:
         self.stats.requests += len(served)
         self.metrics.batches.labels(self.endpoint).inc()
         self.metrics.batch_seconds.labels(self.endpoint).observe(time.perf_counter() - t0)
-        log_.info("batch_served", requests=len(served), ok=len(ok), tokens=batch.tokens,
-                  model_ms=round(sum(s.seconds for s in served) * 1000, 2),
-                  seconds=round(time.perf_counter() - t0, 4))
+        self._sampler.log(log, "info", "batch_served", time.time() * 1000,
+                          requests=len(served), ok=len(ok), tokens=batch.tokens,
+                          orgs=sorted({s.request.org for s in served})[:10],
+                          model_ms=round(sum(s.seconds for s in served) * 1000, 2),
+                          seconds=round(time.perf_counter() - t0, 4), committed=results_ok)
+
+    def _result_written(self, s: Served, fut: asyncio.Future) -> None:
+        """A result's send finished: count it, time it, log its outcome (once, here)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return  # counted and logged by _await_sends; the batch is served again
+        req, status = s.request, s.result.status
+        self.metrics.results.labels(self.endpoint, status).inc()
+        self.stats.results[status] += 1
+        now = time.time()
+        with structlog.contextvars.bound_contextvars(request_id=req.id, org=req.org):
+            if status == "ok":
+                tier = req.tier if req.tier in self._tiers else "unknown"
+                self.metrics.latency.labels(self.endpoint, tier).observe(
+                    max(0.0, now - req.admitted_ms / 1000))
+                log.debug("request_served", tier=req.tier, tokens=req.tokens,
+                          inference_ms=s.result.inference_ms)
+                return
+            level = "info" if status == "expired" else "warning"
+            self._sampler.log(log, level, f"request_{status}", now * 1000, tier=req.tier,
+                              reason=s.result.reason, message=(s.result.message or "")[:300])
 
     async def _publish(self, req, result: Result) -> asyncio.Future:
         fmt = req.reply_format
@@ -454,13 +534,13 @@ class WorkerService:
             req.reply_to, _result_codec.encode(result, fmt), key=result.id.encode(),
             headers=[("content-type", content_type(fmt).encode())])
 
-    async def _await_sends(self, sends: list[asyncio.Future], log_) -> bool:
+    async def _await_sends(self, sends: list[asyncio.Future]) -> bool:
         outcomes = await asyncio.gather(*sends, return_exceptions=True)
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         if failed:
             # The offset stays uncommitted: a restart (or the next owner) serves it again.
             self.metrics.failures.labels(self.endpoint, "result_send").inc(len(failed))
-            log_.error("results_unsent", failed=len(failed), error=repr(failed[0]))
+            log.error("results_unsent", failed=len(failed), error=repr(failed[0]))
         return not failed
 
     async def _announce_done(self, batch: Batch, ok: list[Served], model_s: float) -> None:
