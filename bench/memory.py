@@ -14,7 +14,8 @@ the org heap and the deadline heap, the held-id set, the offset tracker's
 held offsets, the id -> (partition, offset) map for commits, and the per-org
 backlog counters (:class:`~scheduler.snapshot.Backlog`). The payload alone
 is measured by decoding the same records into a list; the rest is the
-service's overhead. ``tracemalloc`` counts Python allocations exactly
+service's overhead, and a step-by-step rebuild of the same structures says
+where its bytes go. ``tracemalloc`` counts Python allocations exactly
 (``--requests``, default 100,000); the 1,000,000-request run (``--million``)
 reads the process's resident memory instead (tracemalloc would slow it ~3x)
 and also times the intake.
@@ -140,6 +141,51 @@ def measure_service(recs: list[_Record]) -> tuple[int, int]:
     return used, held
 
 
+def breakdown(recs: list[_Record]) -> dict[str, float]:
+    """Bytes per request of each structure, built step by step as the intake builds them."""
+    from scheduler.core import Scheduler
+    from scheduler.entry import Entry
+    from scheduler.offsets import OffsetTracker
+    from scheduler.snapshot import Backlog
+
+    config = parse_config(CONFIG)
+    core, offsets, backlog = Scheduler(config), OffsetTracker(), Backlog()
+    origin: dict[str, tuple[_TP, int]] = {}
+    tps = {(r.topic, r.partition): _TP(r.topic, r.partition) for r in recs}
+    gc.collect()
+    tracemalloc.start()
+    last = tracemalloc.get_traced_memory()[0]
+    out: dict[str, float] = {}
+
+    def step(name: str) -> None:
+        nonlocal last
+        now = tracemalloc.get_traced_memory()[0]
+        out[name] = (now - last) / len(recs)
+        last = now
+
+    reqs = [_codec.decode(r.value, "msgpack") for r in recs]
+    step("payload: decoded AdmittedRequest")
+    entries = [Entry(q.id, q.org, q.tier, q.tokens, priority=q.priority,
+                     deadline=None if q.deadline_at_ms is None else q.deadline_at_ms / 1000,
+                     arrival=time.time(), payload=q) for q in reqs]
+    step("core: Entry")
+    for q, e in zip(reqs, entries, strict=True):
+        core.push(q.endpoint, e)
+    step("core: held ids, org heap, DRR ring, deadline heap")
+    for r in recs:
+        offsets.hold(tps[(r.topic, r.partition)], r.offset)
+    step("offset tracker: held offsets")
+    for q, r in zip(reqs, recs, strict=True):
+        origin[q.id] = (tps[(r.topic, r.partition)], r.offset)
+    step("id -> (partition, offset) for commits")
+    for q in reqs:
+        backlog.add(q.endpoint, q.tier, q.org, q.tokens)
+    step("per-org backlog counters")
+    tracemalloc.stop()
+    del reqs, entries  # the structures above keep what they hold
+    return out
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -202,9 +248,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'overhead beyond the payload':<34}{overhead:>14.0f}")
     print(f"ratio service total / payload: {per_total / per_payload:.2f}x; overhead "
           f"{overhead:.0f} B vs target <= 1024 B: {'met' if overhead <= 1024 else 'NOT met'}")
+    parts = breakdown(recs)
+    print("where the bytes go (built step by step, one round):")
+    for name, b in parts.items():
+        print(f"  {name:<52}{b:>8.0f}")
+    print(f"  {'sum beyond the payload':<52}"
+          f"{sum(b for k, b in parts.items() if not k.startswith('payload')):>8.0f}")
     figures = {"requests": n, "orgs": args.orgs, "text_chars": args.text_chars,
                "record_bytes": wire, "payload_bytes": per_payload, "total_bytes": per_total,
-               "overhead_bytes": overhead}
+               "overhead_bytes": overhead, "breakdown": parts}
     if big:
         m = million(big, args.orgs, args.text_chars)
         print(f"{m['held']:,} held: resident memory +{m['rss_mib']:,.0f} MiB "
