@@ -24,6 +24,10 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
     ``json=None`` chooses JSON when ``stream`` is not a TTY (services under a
     supervisor, CI, docker) and a readable console format otherwise.
     ``SF_LOG_LEVEL`` and ``SF_LOG_JSON`` (``1``/``0``) override the defaults.
+    Every line names its ``logger`` (``admission``, ``scheduler``, ``worker``,
+    ``aiokafka``...), so the services can share one file. Lines of libraries
+    that log through the standard library (aiokafka's warnings) are rendered
+    the same way, so a JSON stream holds nothing but JSON lines.
     """
     stream = stream or sys.stderr
     level = (level or os.environ.get("SF_LOG_LEVEL") or "INFO").upper()
@@ -33,6 +37,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
+        _add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if json:
@@ -42,11 +47,42 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
     structlog.configure(
         processors=[*shared, structlog.processors.StackInfoRenderer(), *renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=_NamedPrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
-    # Libraries (aiokafka) log through the standard library: keep their warnings.
-    logging.basicConfig(level=logging.WARNING, stream=stream, format="%(levelname)s %(name)s %(message)s")
+    # Libraries (aiokafka) log through the standard library: keep their
+    # warnings, rendered like ours. One handler of ours on the root logger,
+    # replaced (never added twice) when logging is configured again.
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if getattr(h, "_sf_handler", False)]:
+        root.removeHandler(h)
+    handler = logging.StreamHandler(stream)
+    handler._sf_handler = True
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer]))
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
+def _add_logger_name(logger, method_name: str, event_dict: dict) -> dict:
+    record = event_dict.get("_record")  # a standard library record (aiokafka)
+    name = record.name if record is not None else getattr(logger, "name", None)
+    if name:
+        event_dict["logger"] = name
+    return event_dict
+
+
+class _NamedPrintLoggerFactory:
+    """``PrintLogger`` s that remember the name they were asked for (``get_logger("worker")``)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __call__(self, *args) -> structlog.PrintLogger:
+        logger = structlog.PrintLogger(self._stream)
+        logger.name = args[0] if args and isinstance(args[0], str) else None
+        return logger
 
 
 def get_logger(name: str | None = None, **bound) -> structlog.stdlib.BoundLogger:
