@@ -43,6 +43,18 @@ stops listing is free until someone announces it again.
 Events older than ``worker_timeout_ms`` are ignored, so a restarted
 scheduler reading old events is not misled by dead workers.
 
+Taking over from another scheduler
+----------------------------------
+
+A standby reads the events all along, so when it takes over it already
+counts every batch a worker lists in hand as outstanding. What it cannot
+see is a batch the old leader wrote that the worker has not fetched yet.
+So :meth:`FlowControl.takeover` makes every known worker unusable until an
+event it sent after the takeover arrives: by then the worker has fetched
+whatever was waiting for it (it fetches whenever it has room, and the old
+leader never gave it more than its slots), and that event lists it in hand.
+The cost is at most one heartbeat interval per worker on a takeover.
+
 Choice of worker: the one with the most free slots (ties: the one sent to
 least recently), then its partitions in turn, so batches spread over every
 partition a worker owns.
@@ -83,6 +95,12 @@ class WorkerSlots:
     next_partition: int = 0
     #: When we last sent it a batch (ms), for spreading ties.
     last_sent_ms: float = 0.0
+    #: No batch goes to it until an event sent after this (ms) arrives (takeover).
+    usable_after_ms: float = float("-inf")
+
+    @property
+    def usable(self) -> bool:
+        return self.last_seen_ms > self.usable_after_ms
 
     @property
     def free(self) -> int:
@@ -183,7 +201,7 @@ class FlowControl:
     def free_workers(self, endpoint: str) -> list[WorkerSlots]:
         """Workers of ``endpoint`` that own a partition and have a free slot."""
         return [w for w in self._by_endpoint.get(endpoint, {}).values()
-                if w.free > 0 and self.owned(w)]
+                if w.free > 0 and w.usable and self.owned(w)]
 
     def free_slots(self, endpoint: str) -> int:
         return sum(w.free for w in self.free_workers(endpoint))
@@ -197,7 +215,7 @@ class FlowControl:
         best: WorkerSlots | None = None
         best_parts: list[int] = []
         for w in self._by_endpoint.get(endpoint, {}).values():
-            if w.free <= 0 or (best is not None and
+            if w.free <= 0 or not w.usable or (best is not None and
                                (w.free, -w.last_sent_ms) <= (best.free, -best.last_sent_ms)):
                 continue
             parts = self.owned(w)
@@ -220,6 +238,20 @@ class FlowControl:
     def done(self, batch_id: str) -> str | None:
         """Free ``batch_id``'s slot wherever it is outstanding; returns that worker."""
         return self._done_batch(batch_id)
+
+    def takeover(self, now_ms: float) -> None:
+        """A new leader starts: use each known worker only after its next event."""
+        for w in self.workers.values():
+            w.usable_after_ms = max(w.usable_after_ms, now_ms)
+
+    def forget_unconfirmed(self) -> list[str]:
+        """Forget every outstanding batch no worker lists in hand (the broker lost them)."""
+        gone = []
+        for w in self.workers.values():
+            for b in [b for b in w.outstanding if b not in w.in_hand]:
+                self._forget(w, b)
+                gone.append(b)
+        return gone
 
     # -- time ------------------------------------------------------------------
 

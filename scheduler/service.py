@@ -297,6 +297,10 @@ class SchedulerService:
 
     # -- leadership ------------------------------------------------------------
 
+    def may_dispatch(self) -> bool:
+        """Leading, and the leader group confirmed it within the lease."""
+        return self.leading and self.election is not None and self.election.lease_valid()
+
     def _on_suspend(self) -> None:
         """The leader group rebalances: no dispatch until it says we still lead."""
         self.leading = False
@@ -460,7 +464,7 @@ class SchedulerService:
             now = time.time()
             for lost in self.flow.expire(now * 1000):
                 self._lost(lost)
-            if self.leading:
+            if self.may_dispatch():
                 self._expired(self.core.expire(now))
                 await self._dispatch(now)
                 if self.intake.paused:
@@ -483,7 +487,7 @@ class SchedulerService:
     async def _dispatch(self, now: float) -> None:
         for endpoint, lane in list(self.core.lanes.items()):
             # Checked before every batch: a send awaits, and leadership can go meanwhile.
-            while lane.held > 0 and self.leading:
+            while lane.held > 0 and self.may_dispatch():
                 claim = self.flow.claim(endpoint)
                 if claim is None:
                     break

@@ -19,6 +19,7 @@ from schemas.messages import (
     AdmittedRequest,
     Batch,
     DeadLetter,
+    LeaderClaim,
     Request,
     Result,
     SchedulerState,
@@ -123,7 +124,8 @@ class Codec(Generic[T]):
 
 _CODECS: dict[type, Codec] = {
     t: Codec(t)
-    for t in (Request, AdmittedRequest, Batch, Result, WorkerEvent, SchedulerState, DeadLetter)
+    for t in (Request, AdmittedRequest, Batch, Result, WorkerEvent, SchedulerState, DeadLetter,
+              LeaderClaim)
 }
 
 

@@ -9,6 +9,8 @@ topic                  what it carries                             key
 ``results``            :class:`Result` when no ``reply_to``        request id
 ``worker-events``      :class:`WorkerEvent`                        worker
 ``scheduler-state``    :class:`SchedulerState` for the throttle    -
+``scheduler-leader``   :class:`LeaderClaim`, one partition: its    instance
+                       owner in group ``scheduler-leader`` leads
 ``dead-letters``       :class:`DeadLetter`                         -
 ``replies.*``          results for senders that named a reply topic
 =====================  ==========================================  =========
@@ -56,6 +58,11 @@ class Topics:
         return f"{self.prefix}scheduler-state"
 
     @property
+    def scheduler_leader(self) -> str:
+        """One partition; the scheduler its group assigns it to is the active one."""
+        return f"{self.prefix}scheduler-leader"
+
+    @property
     def dead_letters(self) -> str:
         return f"{self.prefix}dead-letters"
 
@@ -70,6 +77,7 @@ class Topics:
             self.results: s.results_partitions,
             self.worker_events: 1,
             self.scheduler_state: 1,
+            self.scheduler_leader: 1,
             self.dead_letters: 1,
         }
         for t in config.tier_names:

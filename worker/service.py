@@ -200,6 +200,8 @@ class WorkerService:
         self.offsets = OffsetTracker()
         self._in_hand: dict[str, asyncio.Task] = {}  # batch id -> its task
         self._in_hand_tp: dict[str, TopicPartition] = {}
+        #: Newest scheduler epoch seen per batch partition (fencing, see _fenced).
+        self._epochs: dict[TopicPartition, int] = {}
         self._freed = asyncio.Event()
         self._model_lock = asyncio.Lock()
         self._partitions: list[int] = []
@@ -357,6 +359,7 @@ class WorkerService:
             await self._commit(only=gone)
         for tp in gone:
             self.offsets.forget(tp)
+            self._epochs.pop(tp, None)
         self._partitions = [p for p in self._partitions
                             if TopicPartition(self.batch_topic, p) not in gone]
 
@@ -426,10 +429,33 @@ class WorkerService:
             # being served: the copy in hand answers it and holds the offset.
             self.offsets.release(tp, rec.offset)
             return
+        newest = self._epochs.get(tp, 0)
+        if batch.epoch < newest:
+            await self._fenced(tp, rec, batch, newest)
+            return
+        self._epochs[tp] = batch.epoch
         self._in_hand[batch.id] = asyncio.create_task(self._serve(tp, rec.offset, batch),
                                                       name=f"batch-{batch.id}")
         self._in_hand_tp[batch.id] = tp
         self._measure_backlog()
+
+    async def _fenced(self, tp: TopicPartition, rec, batch: Batch, newest: int) -> None:
+        """Skip a deposed scheduler's batch written after its successor's on this partition.
+
+        The backstop of the leader lease (:mod:`scheduler.leader`): a leader
+        dispatches only while the leader group confirms it, so an older
+        epoch's batch behind a newer one comes from a leader that lost the
+        group (its tier partitions with it) and wrote anyway; the new leader
+        replays those requests from the tier offsets, and serving them here
+        too would be a duplicate. The residual risk, if the lease failed
+        (clocks running at very different rates), is in ``docs/reliability.md``.
+        """
+        self.metrics.failures.labels(self.endpoint, "stale_epoch").inc()
+        log.warning("batch_fenced", batch_id=batch.id, epoch=batch.epoch, newest_epoch=newest,
+                    partition=rec.partition, offset=rec.offset, requests=len(batch.requests))
+        self.offsets.release(tp, rec.offset)
+        with contextlib.suppress(KafkaError):
+            await self._commit(only={tp})
 
     async def _poisoned(self, tp: TopicPartition, rec, e: DecodeError) -> None:
         self.stats.dead_letters += 1

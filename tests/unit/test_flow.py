@@ -153,3 +153,30 @@ def test_next_expiry_skips_batches_only_an_event_can_free():
     f.observe(ev("a", slots=1, sent=2 * T, in_flight=("b1",)), 2 * T)
     assert f.expire(2 * T) == []
     assert f.next_expiry_ms() == 3 * T  # the worker's own silence timeout, not b1's
+
+
+def test_takeover_waits_for_an_event_sent_after_it():
+    """A new leader sends to a worker only once it heard from it after the takeover."""
+    f = FlowControl(T)
+    f.observe(ev("w1", "hello", parts=(0,), slots=2, sent=1000, in_flight=("old-1",)), 1000)
+    assert f.claim("embed") is not None
+    f.takeover(2000)
+    assert f.claim("embed") is None and f.free_slots("embed") == 0
+    f.observe(ev("w1", parts=(0,), slots=2, sent=1999), 2001)  # sent before the takeover
+    assert f.claim("embed") is None
+    # The worker has since fetched the old leader's second batch: it lists both.
+    f.observe(ev("w1", parts=(0,), slots=2, sent=2100, in_flight=("old-1", "old-2")), 2100)
+    assert f.claim("embed") is None, "both slots hold the old leader's batches"
+    f.observe(ev("w1", "batch_done", parts=(0,), slots=2, sent=2200, in_flight=("old-2",),
+                 batch_id="old-1"), 2200)
+    assert f.claim("embed") == Claim("w1", 0)
+
+
+def test_forget_unconfirmed_keeps_batches_in_hand():
+    """After a broker restart, batches sent but never listed in hand stop holding slots."""
+    f = FlowControl(T)
+    f.observe(ev("w1", "hello", parts=(0, 1), slots=2, sent=1, in_flight=("held",)), 1)
+    f.sent("w1", "lost", 2)
+    assert f.claim("embed") is None
+    assert f.forget_unconfirmed() == ["lost"]
+    assert f.outstanding("held") == "w1" and f.claim("embed") is not None
