@@ -132,11 +132,11 @@ class _Send(msgspec.Struct):
     #: "admitted", "result" or "dead_letter".
     kind: str
     record: Any = None
-    #: A result's status, counted in ``sf_admission_results_total`` once acknowledged.
-    status: str | None = None
     #: Sent instead when this record can never be written (an admitted
     #: request's ``failed`` result), so the sender still gets an answer.
     fallback: _Send | None = None
+    #: A result's status, counted in ``sf_admission_results_total`` once acknowledged.
+    status: str | None = None
 
 
 class AdmissionService:
