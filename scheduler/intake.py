@@ -200,6 +200,15 @@ class TierIntake:
                                f"endpoint {req.endpoint!r} is not configured")
             self.offsets.consumed(tp, rec.offset)
             return
+        limit = self.core.lanes[req.endpoint].endpoint.max_request_tokens
+        if req.tokens > limit:
+            # DRR relies on quantum x weight >= the largest request cost: a bigger
+            # request would make the lane add quanta, turn after turn, for ever.
+            await self._reject(rec, "too_many_tokens",
+                               f"request has {req.tokens} tokens, the limit of endpoint "
+                               f"{req.endpoint!r} is max_request_tokens = {limit}")
+            self.offsets.consumed(tp, rec.offset)
+            return
         names = self.config.tier_names
         tier = req.tier if req.tier in names else names[-1]  # a tier removed by a reload
         entry = Entry(req.id, req.org, tier, req.tokens, priority=req.priority,
