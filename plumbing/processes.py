@@ -9,6 +9,12 @@ inference like both.
 
 Each process logs JSON lines to one shared log file, serves ``/readyz`` on a
 port of its own, and is stopped with SIGTERM (graceful), then SIGKILL.
+
+For failure tests and benchmarks: ``schedulers=2`` starts a hot standby
+(``scheduler-2``), ``workers=N`` runs N workers per endpoint
+(``worker-<endpoint>``, ``worker-<endpoint>-2``...), :meth:`ProcessStack.kill`
+crashes one process (SIGKILL) and :meth:`ProcessStack.restart` starts it
+again with the same arguments.
 """
 
 from __future__ import annotations
@@ -55,7 +61,9 @@ class ProcessStack:
 
     def __init__(self, config_path: str | Path, bootstrap: str, *, policy: str = "drr",
                  endpoints: list[str], model: str | None = None, worker_threads: int | None = None,
-                 log: IO[str] | None = None, env: dict[str, str] | None = None):
+                 log: IO[str] | None = None, env: dict[str, str] | None = None,
+                 schedulers: int = 1, workers: int = 1,
+                 extra_args: dict[str, list[str]] | None = None):
         self.config_path = str(config_path)
         self.bootstrap = bootstrap
         self.policy = policy
@@ -64,11 +72,18 @@ class ProcessStack:
         self.worker_threads = worker_threads
         self.log = log
         self.env = {**os.environ, "SF_LOG_JSON": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.schedulers = schedulers
+        self.workers = workers
+        #: Added to a service's command line, by subcommand (``scheduler``...).
+        self.extra_args = extra_args or {}
         self.procs: dict[str, tuple[subprocess.Popen, int]] = {}
+        self._args: dict[str, tuple[str, ...]] = {}
 
     def _spawn(self, name: str, *args: str) -> None:
         port = free_port()
-        cmd = [sys.executable, "-m", "plumbing.cli", *args, "--config", self.config_path,
+        self._args[name] = args
+        cmd = [sys.executable, "-m", "plumbing.cli", *args,
+               *self.extra_args.get(args[0], []), "--config", self.config_path,
                "--bootstrap", self.bootstrap, "--metrics-port", str(port)]
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
                                 stdout=self.log or subprocess.DEVNULL,
@@ -82,21 +97,65 @@ class ProcessStack:
             extra = ["--model", self.model] if self.model else []
             if self.worker_threads:
                 extra += ["--threads", str(self.worker_threads)]
-            self._spawn(f"worker-{ep}", "worker", "--endpoint", ep, *extra)
+            for i in range(self.workers):
+                name = f"worker-{ep}" + (f"-{i + 1}" if i else "")
+                self._spawn(name, "worker", "--endpoint", ep, *extra)
+        # Standbys after the first, so that the first one leads.
+        await self.wait_ready(timeout_s)
+        for i in range(1, self.schedulers):
+            self._spawn(f"scheduler-{i + 1}", "scheduler", "--policy", self.policy)
         await self.wait_ready(timeout_s)
         return self
 
+    async def ready(self, name: str) -> tuple[bool, str]:
+        """``name``'s ``/readyz``: (answered 200, the reason it gave)."""
+        return await _ready(self.procs[name][1])
+
+    def pid(self, name: str) -> int:
+        return self.procs[name][0].pid
+
+    async def leader(self) -> str | None:
+        """The scheduler process that is ready (leads), if any."""
+        for name in self.procs:
+            if name.startswith("scheduler") and (await self.ready(name))[0]:
+                return name
+        return None
+
+    def kill(self, name: str) -> None:
+        """Crash ``name``: SIGKILL, no chance to leave a group or commit."""
+        proc, _ = self.procs[name]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        proc.wait()
+
+    def restart(self, name: str) -> None:
+        """Start ``name`` again (after :meth:`kill`) with its arguments, on a new port."""
+        proc, _ = self.procs[name]
+        if proc.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        self._spawn(name, *self._args[name])
+
     async def wait_ready(self, timeout_s: float) -> None:
+        """Until every process answers ``/readyz`` and one scheduler leads.
+
+        A standby scheduler answers 503 ("standby ..."): that counts as up.
+        """
         deadline = time.monotonic() + timeout_s
         while True:
             waiting = []
+            leaders = 0
             for name, (proc, port) in self.procs.items():
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with status {proc.returncode} "
                                        "(see the log file)")
                 ok, why = await _ready(port)
-                if not ok:
+                is_scheduler = name.startswith("scheduler")
+                leaders += ok and is_scheduler
+                if not ok and not (is_scheduler and why.startswith("standby")):
                     waiting.append(f"{name}: {why}")
+            if not leaders:
+                waiting.append("no scheduler leads yet")
             if not waiting:
                 return
             if time.monotonic() > deadline:

@@ -1,0 +1,172 @@
+"""Paced load through the client library, and the accounting the reliability runs share.
+
+:class:`Load` submits requests on an absolute schedule (``rate`` per second,
+orgs in turn) through a :class:`~producer.client.FairnessClient`, and
+collects every result the client delivers (each id once) with its arrival
+time. :func:`reply_copies` reads the client's reply topic from the start
+afterwards: how many copies of each id were written (the client dropped
+all but the first), and through how many distinct batches each id went
+(more than one: it was dispatched twice).
+
+Used by ``bench/crash.py``, ``bench/overload.py``, ``bench/broker_restart.py``
+and their tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from aiokafka.structs import TopicPartition
+
+from plumbing.kafka import KafkaSettings, make_consumer
+from schemas.codec import codec_for, format_from_headers
+from schemas.messages import Result
+
+__all__ = ["Load", "Outcome", "percentile", "reply_copies", "rss_mib"]
+
+_result_codec = codec_for(Result)
+
+
+@dataclass
+class Outcome:
+    """One submitted request: when it went, and its result when it came."""
+
+    org: str
+    sent_s: float  # monotonic
+    sent_ms: int  # wall clock
+    result: Result | None = None
+    done_s: float | None = None
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.done_s is None else self.done_s - self.sent_s
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no data."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, round(q / 100 * len(xs) + 0.5) - 1))
+    return xs[k]
+
+
+def rss_mib(pid: int) -> float | None:
+    """Resident memory of a process (Linux ``/proc``), MiB; None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+@dataclass
+class Load:
+    """Sends ``rate`` requests a second from ``orgs`` in turn until :meth:`stop`."""
+
+    client: object
+    orgs: list[str]
+    rate: float
+    endpoint: str = "embed"
+    words: int = 12
+    texts: int = 1
+    deadline_ms: int | None = None
+    sent: dict[str, Outcome] = field(default_factory=dict)
+    submit_errors: Counter = field(default_factory=Counter)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def start(self) -> Load:
+        self._tasks = [asyncio.create_task(self._send(), name="load-send"),
+                       asyncio.create_task(self._collect(), name="load-collect")]
+        return self
+
+    def stop_sending(self) -> None:
+        self._stop.set()
+
+    async def close(self) -> None:
+        self._stop.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    def missing(self) -> list[str]:
+        return [rid for rid, o in self.sent.items() if o.result is None]
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until every request sent has its result; False at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.missing():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
+
+    def statuses(self) -> Counter:
+        return Counter(f"{o.result.status}" + (f":{o.result.reason}" if o.result.reason else "")
+                       for o in self.sent.values() if o.result is not None)
+
+    async def _send(self) -> None:
+        start = time.monotonic()
+        i = 0
+        text = " ".join(["word"] * self.words)
+        while not self._stop.is_set():
+            due = start + i / self.rate
+            now = time.monotonic()
+            if due > now:
+                await asyncio.sleep(due - now)
+            org = self.orgs[i % len(self.orgs)]
+            rid = f"r{i}-{org}"
+            req = {"id": rid, "org": org, "endpoint": self.endpoint,
+                   "input": {"type": "embed", "texts": [f"{i} {text}"] * self.texts}}
+            if self.deadline_ms is not None:
+                req["deadline_ms"] = self.deadline_ms
+            self.sent[rid] = Outcome(org, time.monotonic(), int(time.time() * 1000))
+            try:
+                await self.client.submit(req)
+            except Exception as e:  # noqa: BLE001 - counted, the run goes on
+                self.submit_errors[type(e).__name__] += 1
+                del self.sent[rid]
+            i += 1
+
+    async def _collect(self) -> None:
+        async for res in self.client.results():
+            o = self.sent.get(res.id)
+            if o is not None and o.result is None:
+                o.result, o.done_s = res, time.monotonic()
+
+
+async def reply_copies(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0
+                       ) -> tuple[Counter, dict[str, set[str]]]:
+    """Copies written per request id on ``topic``, and the distinct batch ids per id."""
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    copies: Counter = Counter()
+    batches: dict[str, set[str]] = {}
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = await consumer.getmany(tp, timeout_ms=300)
+            for rec in got.get(tp, []):
+                res = _result_codec.decode(rec.value, format_from_headers(rec.headers))
+                copies[res.id] += 1
+                if res.batch_id:
+                    batches.setdefault(res.id, set()).add(res.batch_id)
+            high = consumer.highwater(tp)
+            if high is not None and await consumer.position(tp) >= high and not got:
+                break
+    finally:
+        await consumer.stop()
+    return copies, batches

@@ -1,0 +1,28 @@
+"""Crash each service (SIGKILL) under load, as processes on a broker of their own.
+
+The scenario and its figures are ``bench/crash.py`` (``docs/reliability.md``
+has a full run); this runs it with short phases.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.crash import report, run
+
+pytestmark = pytest.mark.integration
+
+
+async def test_every_request_gets_one_result_across_crashes():
+    """kill -9 of the leading scheduler, a worker, admission, each restarted: no request lost."""
+    lines: list[str] = []
+    figures = await run(rate=30, phase_s=3, session_ms=2000, say=lines.append)
+    print("\n".join(lines) + "\n" + report(figures))
+    assert figures["drained"] and figures["lost"] == 0, report(figures)
+    assert figures["results"] == figures["sent"] > 0
+    assert set(figures["statuses"]) == {"ok"}, figures["statuses"]
+    assert figures["scheduler_takeover_s"] is not None, "the standby never took over"
+    assert figures["worker_rejoin_s"] is not None and figures["admission_ready_s"] is not None
+    assert figures["failed_process"] is None
+    # The client hands each id over once: every extra copy written was dropped.
+    assert figures["copies_written"] - figures["results"] == figures["client_duplicates_dropped"]
