@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 
 import msgspec
@@ -53,6 +54,8 @@ log = structlog.get_logger("scheduler")
 
 _request_codec = codec_for(AdmittedRequest)
 _result_codec = codec_for(Result)
+#: A legal Kafka topic name (``schemas.messages.TopicName``).
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._\-]{1,249}")
 #: Resume intake below this fraction of max_held_requests.
 _RESUME_AT = 0.9
 
@@ -256,8 +259,13 @@ class TierIntake:
                 addr = _address_decoders[fmt].decode(rec.value or b"")
             except (msgspec.DecodeError, ValueError, RecursionError):
                 continue
-            if addr.id and (addr.reply_to == self.topics.results
-                            or addr.reply_to.startswith(allowed)):
+            # A legal topic name too (as admission demands): an illegal one blocks
+            # the send, and so this loop, for the producer's whole metadata
+            # timeout, then fails anyway.
+            to = addr.reply_to
+            if addr.id and _LEGAL_TOPIC.fullmatch(to) and (
+                    to == self.topics.results
+                    or (to.startswith(allowed) and len(to) > len(allowed))):
                 return addr
         return None
 
