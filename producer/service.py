@@ -339,8 +339,8 @@ class AdmissionService:
                                   reply_to=reply_to, reply_format=fmt):
                 self.metrics.dead_letters.labels(reason).inc()
                 self.totals[f"dead_letter:{reason}"] += 1
-                with bound_contextvars(request_id=result.id if result else None,
-                                       org=result.org if result else None):
+                ids = {"request_id": result.id, "org": result.org} if result else {}
+                with bound_contextvars(**ids):
                     self._sampler.log(log, "warning", "request_dead_lettered", self.now_ms(),
                                       reason=reason, error=error[:500], partition=rec.partition,
                                       offset=rec.offset)

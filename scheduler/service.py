@@ -254,7 +254,7 @@ class SchedulerService:
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=5)
         self.leading = False
-        await self._stop_intake()
+        handed_back = await self._stop_intake()
         if self.election is not None:
             await self.election.stop()  # after the intake: the next leader replays from its commit
         if self._broker is not None:
@@ -270,7 +270,9 @@ class SchedulerService:
             await self._telemetry.stop()
         self._event_consumer = self._producer = None
         if self.started:
-            log.info("scheduler_stopped", **self._totals_fields())
+            # Held requests were not committed: they are handed back, and the
+            # next leader (or this one restarted) replays them.
+            log.info("scheduler_stopped", handed_back=handed_back, **self._totals_fields())
         self.started = False
 
     async def _cancel_tasks(self) -> None:
