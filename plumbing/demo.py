@@ -19,7 +19,10 @@ A full-batch service time is measured here, on this machine, by encoding
 one batch of ``max_batch_tokens`` of the burst's texts with the same model.
 
 Service logs go to ``--log-file`` as JSON lines, with request, org and
-batch ids bound; the terminal shows progress and the tables.
+batch ids bound; the terminal shows progress and the tables. At the default
+``--log-level info`` the file holds one line per batch (sampled under the
+burst), per rejection and per failure; ``--log-level debug`` adds one line
+per request at each service (``request_admitted``, ``request_served``).
 """
 
 from __future__ import annotations
@@ -178,7 +181,8 @@ class Progress:
 
 
 async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: int,
-                     timeout_s: float, model: str | None, threads: int | None, log) -> Phase:
+                     timeout_s: float, model: str | None, threads: int | None, log,
+                     log_level: str = "info") -> Phase:
     """One phase on a fresh embedded broker, the services as separate processes."""
     from plumbing.broker import EmbeddedBroker
     from plumbing.processes import ProcessStack
@@ -187,7 +191,8 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
     async with EmbeddedBroker() as broker:
         kafka = KafkaSettings(bootstrap=broker.bootstrap, session_timeout_ms=2000,
                               heartbeat_interval_ms=500)
-        env = {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+        env = {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500",
+               "SF_LOG_LEVEL": log_level}
         async with ProcessStack(config_path, broker.bootstrap, policy=phase.policy,
                                 endpoints=list(config.endpoints), model=model,
                                 worker_threads=threads, log=log, env=env) as stack, \
@@ -299,6 +304,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest wait for a phase's results")
     parser.add_argument("--log-file", default="out/demo/services.log",
                         help="where the services' JSON log lines go")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"],
+                        help="level of the services' log file (debug: a line per request)")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="threads for inference (default 1: leaves a core for the services, "
@@ -319,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
     log_path.write_text("")
     # Append mode: the service processes write to the same file.
     with log_path.open("a") as log_file:
-        configure_logging(json=True, stream=log_file)
+        configure_logging(args.log_level, json=True, stream=log_file)
         return asyncio.run(_main(config, args, log_path, log_file))
 
 
@@ -340,7 +347,7 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -
     for phase in phases:
         print(f"\n== phase: {phase.name} ==", file=out, flush=True)
         await _run_phase(config, args.config, phase, quiet=args.quiet, timeout_s=args.timeout_s,
-                         model=args.model, threads=threads, log=log)
+                         model=args.model, threads=threads, log=log, log_level=args.log_level)
         print(_table(phase), file=out)
         print(_stages(phase), file=out)
         print(f"({phase.elapsed_s:.1f} s)", file=out, flush=True)

@@ -47,7 +47,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
     structlog.configure(
         processors=[*shared, structlog.processors.StackInfoRenderer(), *renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=_NamedPrintLoggerFactory(stream),
+        logger_factory=_NamedLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
     # Libraries (aiokafka) log through the standard library: keep their
@@ -73,14 +73,18 @@ def _add_logger_name(logger, method_name: str, event_dict: dict) -> dict:
     return event_dict
 
 
-class _NamedPrintLoggerFactory:
-    """``PrintLogger`` s that remember the name they were asked for (``get_logger("worker")``)."""
+class _NamedLoggerFactory:
+    """Loggers that remember the name they were asked for (``get_logger("worker")``).
+
+    ``WriteLogger`` writes a line and its newline in one call (``print`` makes
+    two), so processes sharing one log file (the demo's) never split a line.
+    """
 
     def __init__(self, stream):
         self._stream = stream
 
-    def __call__(self, *args) -> structlog.PrintLogger:
-        logger = structlog.PrintLogger(self._stream)
+    def __call__(self, *args) -> structlog.WriteLogger:
+        logger = structlog.WriteLogger(self._stream)
         logger.name = args[0] if args and isinstance(args[0], str) else None
         return logger
 

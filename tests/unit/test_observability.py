@@ -190,3 +190,27 @@ def test_json_logs_carry_contextvar_ids_logger_names_and_library_lines(log_strea
     assert served["org"] == "acme" and served["logger"] == "worker"
     assert "batch_id" not in totals
     assert library["logger"] == "aiokafka" and library["level"] == "warning"
+
+
+def test_each_log_line_is_written_in_one_call_with_its_newline():
+    """A line and its newline go in one write, so processes appending to one file never split a line."""
+
+    class Recorder(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, s):
+            self.writes.append(s)
+            return super().write(s)
+
+    stream = Recorder()
+    configure_logging("info", json=True, stream=stream)
+    try:
+        get_logger("scheduler").info("batch_emitted", batch_id="b-1")
+        logging.getLogger("aiokafka").warning("library line")
+    finally:
+        configure_logging("info", json=False, stream=io.StringIO())
+        structlog.reset_defaults()
+    assert len(stream.writes) == 2
+    assert all(w.endswith("\n") and w.count("\n") == 1 for w in stream.writes)
