@@ -31,6 +31,7 @@ def test_demo_log_file_is_json_lines_with_request_org_and_batch_ids(tmp_path: Pa
          "--quiet", "2", "--skip-x5", "--timeout-s", "120", "--log-level", "debug",
          "--log-file", str(log_file)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+        check=False,
         timeout=600)
     # Exit 1 means a fairness check failed (timings of a fake model on a
     # shared box); this test is about the logs, so only a crash counts.
