@@ -35,6 +35,7 @@ import structlog
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from structlog.contextvars import bound_contextvars
 
 from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import KafkaSettings, consumer_lag, make_consumer, stop_consumer
@@ -230,6 +231,13 @@ class TierIntake:
 
     async def _reject(self, rec, reason: str, error: str) -> None:
         """Dead-letter a tier record and answer its sender if the address is readable."""
+        addr = self._reply_address(rec)
+        ids = {"request_id": addr.id, "org": addr.org} if addr is not None else {}
+        with bound_contextvars(**ids):
+            await self._reject_bound(rec, addr, reason, error)
+
+    async def _reject_bound(self, rec, addr: _ReplyAddress | None, reason: str,
+                            error: str) -> None:
         self.totals["invalid"] += 1
         self.metrics.failures.labels(reason).inc()
         log.warning("request_invalid", topic=rec.topic, partition=rec.partition,
@@ -238,7 +246,6 @@ class TierIntake:
             await send_dead_letter(self._producer, self.topics.dead_letters, rec, reason, error)
         except KafkaError as e:
             log.error("dead_letter_failed", error=repr(e))
-        addr = self._reply_address(rec)
         if addr is None:
             return
         result = Result(id=addr.id, status="invalid", org=addr.org, endpoint=addr.endpoint,
@@ -248,7 +255,7 @@ class TierIntake:
         try:
             await send_result(self._producer, addr.reply_to, result, fmt)
         except KafkaError as e:
-            log.error("result_send_failed", request_id=addr.id, error=repr(e))
+            log.error("result_send_failed", error=repr(e))
             return
         self.metrics.results.labels("invalid").inc()
 
