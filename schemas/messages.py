@@ -28,6 +28,7 @@ __all__ = [
     "DeadLetter",
     "EmbedInput",
     "Input",
+    "Int64",
     "LaneState",
     "LeaderClaim",
     "Message",
@@ -50,6 +51,10 @@ OrgId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._
 EndpointName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+\Z")]
 TopicName = Annotated[str, Meta(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._\-]+\Z")]
 Priority = Annotated[int, Meta(ge=0, le=100)]
+#: Every other integer fits in 64 bits: JSON decodes integers of any size, but
+#: msgpack cannot encode one beyond 64 bits and a float cannot hold one beyond
+#: ~1.8e308, so a bigger one would fail later, far from its record.
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 #: Epoch milliseconds. Bounded so that arithmetic on them never overflows a
 #: float's exact integer range and a nonsense year is an error.
 EpochMs = Annotated[int, Meta(ge=0, le=10**14)]
@@ -71,7 +76,7 @@ class RerankInput(Message, kw_only=True, tag="rerank"):
 
     query: str
     documents: Annotated[list[str], Meta(min_length=1)]
-    top_n: Annotated[int, Meta(ge=1)] | None = None
+    top_n: Annotated[int, Meta(ge=1, le=2**63 - 1)] | None = None
 
 
 Input = EmbedInput | RerankInput
@@ -114,7 +119,7 @@ class AdmittedRequest(Message, kw_only=True):
     endpoint: EndpointName
     tier: str
     input: Input
-    tokens: Annotated[int, Meta(ge=1)]
+    tokens: Annotated[int, Meta(ge=1, le=2**63 - 1)]
     priority: Priority = 0
     deadline_at_ms: EpochMs | None = None
     created_ms: EpochMs
@@ -134,12 +139,12 @@ class Batch(Message, kw_only=True):
     id: str
     endpoint: EndpointName
     requests: list[AdmittedRequest]
-    tokens: int
+    tokens: Int64
     created_ms: EpochMs
     #: The worker whose free slot this batch fills (its member id).
     worker: str = ""
     #: Leadership epoch of the scheduler that emitted it (failover fencing).
-    epoch: int = 0
+    epoch: Int64 = 0
 
 
 Status = Literal["ok", "rejected", "expired", "invalid", "failed"]
@@ -164,22 +169,22 @@ class Result(Message, kw_only=True):
     endpoint: str = ""
     reason: str | None = None
     message: str | None = None
-    retry_after_ms: int | None = None
+    retry_after_ms: Int64 | None = None
     embeddings: list[list[float]] | None = None
     scores: list[float] | None = None
-    ranking: list[int] | None = None
+    ranking: list[Int64] | None = None
     #: ``cross-encoder`` or ``cosine``: how rerank scores were computed.
     method: str | None = None
     model: str | None = None
     truncated: list[bool] | None = None
-    tokens: int | None = None
+    tokens: Int64 | None = None
     batch_id: str | None = None
     worker: str | None = None
-    created_ms: int | None = None
+    created_ms: Int64 | None = None
     #: When the request entered the scheduler and when it left it.
-    admitted_ms: int | None = None
-    dispatched_ms: int | None = None
-    completed_ms: int | None = None
+    admitted_ms: Int64 | None = None
+    dispatched_ms: Int64 | None = None
+    completed_ms: Int64 | None = None
     inference_ms: float | None = None
 
 
@@ -187,7 +192,7 @@ class BatchTiming(Message, kw_only=True):
     """Measured cost of one served request, fed back into the adaptive cost."""
 
     org: str
-    tokens: int
+    tokens: Int64
     seconds: float
 
 
@@ -203,15 +208,15 @@ class WorkerEvent(Message, kw_only=True):
     worker: str
     endpoint: EndpointName
     kind: Literal["hello", "heartbeat", "batch_done", "bye"]
-    partitions: list[int]
+    partitions: list[Int64]
     slots: Annotated[int, Meta(ge=0, le=1024)]
     free_slots: Annotated[int, Meta(ge=0, le=1024)]
     sent_ms: EpochMs
     #: Batches the worker still has in hand (taken but not yet finished).
     in_flight: list[str] = []
     batch_id: str | None = None
-    batch_requests: int = 0
-    batch_tokens: int = 0
+    batch_requests: Int64 = 0
+    batch_tokens: Int64 = 0
     inference_ms: float = 0.0
     timings: list[BatchTiming] = []
 
@@ -220,20 +225,20 @@ class LaneState(Message, kw_only=True):
     """What the throttle needs to predict a new request's wait on one endpoint."""
 
     endpoint: str
-    held_requests: int
+    held_requests: Int64
     #: Held cost per tier, in the lane's cost units (tokens for ``tokens``).
     held_cost_by_tier: dict[str, float]
-    held_tokens_by_tier: dict[str, int]
+    held_tokens_by_tier: dict[str, Int64]
     #: Measured service rate, tokens per second, over all workers (0 = unknown).
     tokens_per_s: float
-    free_slots: int
-    workers: int
+    free_slots: Int64
+    workers: Int64
     #: Orgs with work waiting, per tier: a new request of a quiet org waits
     #: for about its own backlog times this many turns, not the whole tier.
-    active_orgs_by_tier: dict[str, int] = {}
+    active_orgs_by_tier: dict[str, Int64] = {}
     #: Held tokens of the orgs holding the most (bounded to the top few);
     #: an org not listed holds less than the smallest value listed.
-    org_held_tokens: dict[str, int] = {}
+    org_held_tokens: dict[str, Int64] = {}
 
 
 class SchedulerState(Message, kw_only=True):
@@ -241,8 +246,8 @@ class SchedulerState(Message, kw_only=True):
 
     sent_ms: EpochMs
     lanes: dict[str, LaneState]
-    held_requests: int
-    epoch: int = 0
+    held_requests: Int64
+    epoch: Int64 = 0
 
 
 class LeaderClaim(Message, kw_only=True):
@@ -262,10 +267,10 @@ class DeadLetter(Message, kw_only=True):
     """A message no service could use, kept with the reason instead of lost."""
 
     source_topic: str
-    partition: int
-    offset: int
+    partition: Int64
+    offset: Int64
     reason: str
     error: str
     payload: bytes
     key: bytes | None = None
-    seen_ms: int = 0
+    seen_ms: Int64 = 0
