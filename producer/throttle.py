@@ -72,11 +72,15 @@ import msgspec
 from schemas.config import Config
 from schemas.messages import SchedulerState
 
-__all__ = ["DEFAULT_STALE_AFTER_MS", "ThrottleState", "Verdict", "predict_wait_ms"]
+__all__ = ["DEFAULT_STALE_AFTER_MS", "MAX_RETRY_AFTER_MS", "ThrottleState", "Verdict",
+           "predict_wait_ms"]
 
 #: A snapshot older than this is ignored by the throttle. A few scheduler
 #: intervals (250 ms by default) plus a failover's group join.
 DEFAULT_STALE_AFTER_MS = 5_000.0
+#: The longest retry-after the throttle gives (a day): beyond that a number
+#: says nothing more, and from a bad snapshot it could be infinite.
+MAX_RETRY_AFTER_MS = 86_400_000
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,7 +99,8 @@ def predict_wait_ms(
     None when the snapshot has no lane for ``endpoint`` or no measured rate.
     """
     lane = state.lanes.get(endpoint)
-    if lane is None or lane.tokens_per_s <= 0:
+    # "not > 0" also refuses NaN, which a snapshot in msgpack can carry.
+    if lane is None or not lane.tokens_per_s > 0:
         return None
     names = config.tier_names
     rank = names.index(tier) if tier in names else len(names) - 1
@@ -202,7 +207,9 @@ class ThrottleState:
             return None
         return Verdict(
             reason="throttled",
-            retry_after_ms=max(1, math.ceil(wait - budget)),
+            # Capped: a rate of 1e-300 tokens/s predicts an infinite wait, and a
+            # retry-after must stay an int64 that a result can carry.
+            retry_after_ms=max(1, math.ceil(min(wait - budget, MAX_RETRY_AFTER_MS))),
             message=(
                 f"predicted wait of {wait:.0f} ms on endpoint {endpoint!r} (tier {tier!r}) "
                 f"exceeds {what}; retry later or with a longer deadline"
