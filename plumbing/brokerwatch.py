@@ -11,7 +11,7 @@ unanswered the broker counts as unreachable (``/readyz`` answers 503 with
 the reason); the first answered probe makes it reachable again.
 
 With the defaults (1 s, 2 s, 2 probes) a stopped broker turns readiness off
-within about 2 s when connections are refused, about 5 s when packets are
+within about 2 s when connections are refused, about 6 s when packets are
 dropped; one slow answer does not.
 
 The watch changes nothing in the clients: they keep reconnecting by

@@ -649,6 +649,11 @@ async def _main(config: Config, kafka: KafkaSettings, settings: WorkerSettings) 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
+        # A worker has nothing to reload (its model is fixed at start), but a
+        # SIGHUP sent to every service must not kill it (the default action).
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
+            "reload_ignored", detail="a worker does not reload; restart it for a new "
+                                     "configuration or model"))
         async with worker:
             await worker.run()
     return 0

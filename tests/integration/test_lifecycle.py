@@ -237,8 +237,8 @@ async def test_scheduler_sigterm_commits_done_requests_and_a_restart_replays_the
 
 async def test_worker_sigterm_finishes_the_batch_in_hand_then_commits_it(
         kafka_settings, topic_prefix, config_file, tmp_path, services):
-    """A worker stopped with a batch in hand serves it to the end (both results written),
-    commits it, says bye, exits 0 and logs worker_stopped with the totals."""
+    """A worker survives SIGHUP; stopped with a batch in hand it serves it to the end (both
+    results written), commits it, says bye, exits 0 and logs worker_stopped with the totals."""
     svc = Service(tmp_path, kafka_settings.bootstrap, "worker", "--config", str(config_file),
                   "--endpoint", "embed", "--model", "fake:ms_per_token=4")
     services.append(svc)
@@ -249,6 +249,8 @@ async def test_worker_sigterm_finishes_the_batch_in_hand_then_commits_it(
     await produce(kafka_settings, f"{topic_prefix}batches.embed", [codec_for(Batch).encode(batch)],
                   key=b"b", headers=_MSGPACK)
     await svc.wait_ready(contains="1 batches in hand", timeout_s=10)
+    svc.proc.send_signal(signal.SIGHUP)  # ignored, never the default action (exit)
+    await svc.wait_event("reload_ignored")
     assert await svc.terminate() == 0
     events = [e["event"] for e in svc.events()]
     assert events.index("batch_served") < events.index("worker_stopped")
