@@ -231,21 +231,22 @@ async def consumer_lag(consumer: AIOKafkaConsumer, partitions, *,
     The high watermark comes with each fetch response (``end_offsets()`` is
     wrong on Tansu); the position is the next offset ``getmany`` will return,
     so records fetched but still buffered count as lag. A partition with no
-    fetch response yet, or no position within ``timeout_s``, is left out
-    rather than guessed. A paused partition's high watermark is as old as its
-    last fetch.
+    fetch response yet, or no position within ``timeout_s`` (just assigned,
+    its committed offset not fetched yet), is left out rather than guessed.
+    Positions are asked for together, so one call waits ``timeout_s`` at most.
+    A paused partition's high watermark is as old as its last fetch.
     """
-    lag = {}
-    for tp in partitions:
-        high = consumer.highwater(tp)
-        if high is None:
-            continue
+    highs = {tp: high for tp in partitions if (high := consumer.highwater(tp)) is not None}
+
+    async def position(tp) -> int | None:
         try:
-            pos = await asyncio.wait_for(consumer.position(tp), timeout_s)
+            return await asyncio.wait_for(consumer.position(tp), timeout_s)
         except (KafkaError, TimeoutError):  # not assigned any more, or no position yet
-            continue
-        lag[tp] = max(0, high - pos)
-    return lag
+            return None
+
+    positions = await asyncio.gather(*(position(tp) for tp in highs))
+    return {tp: max(0, high - pos)
+            for (tp, high), pos in zip(highs.items(), positions) if pos is not None}
 
 
 def make_admin(settings: KafkaSettings, **overrides: Any) -> AIOKafkaAdminClient:

@@ -77,6 +77,7 @@ from plumbing.kafka import (
 )
 from plumbing.logs import LogSampler
 from plumbing.telemetry import TelemetryServer
+from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from scheduler.core import Policy, Scheduler
 from scheduler.entry import Entry
@@ -171,6 +172,7 @@ class SchedulerService:
         self.leading = False
         self.epoch = 0
         self.election: LeaderElection | None = None
+        self._keeper: TopicKeeper | None = None
         self._intake_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
         self.totals = {"received": 0, "dispatched": 0, "batches": 0, "expired": 0,
@@ -192,7 +194,7 @@ class SchedulerService:
     async def start(self) -> None:
         """Create the topics, connect, join the tier group and read recent worker events."""
         cfg = self.config
-        await ensure_topics(self.kafka, self.topics.all(cfg))
+        created = await ensure_topics(self.kafka, self.topics.all(cfg))
         self._producer = make_producer(self.kafka, linger_ms=self.settings.linger_ms)
         await self._producer.start()
         self.election = LeaderElection(
@@ -202,8 +204,13 @@ class SchedulerService:
             session_timeout_ms=self.settings.leader_session_timeout_ms, registry=self.registry)
         self._event_consumer = make_consumer(self.kafka, group_id=None)
         await self._event_consumer.start()
+        self._keeper = TopicKeeper(self.kafka, self._producer.client,
+                                   lambda: self.topics.all(self.config), service="scheduler",
+                                   on_lost=self._broker_lost, follow=lambda: [self._event_consumer])
+        self._keeper.known(created)
         await self._seek_recent_events()
         await self.election.start()
+        self._keeper.start()
         self._broker = BrokerWatch(self._producer.client, self.topics.worker_events,
                                    service="scheduler",
                                    gauge=self.metrics.broker_reachable).start()
@@ -227,6 +234,7 @@ class SchedulerService:
             asyncio.create_task(self.intake.commit_loop(self.settings.commit_interval_ms / 1000),
                                 name="scheduler-commit"),
             asyncio.create_task(self._totals_loop(), name="scheduler-totals"),
+            asyncio.create_task(self._events_lag_loop(), name="scheduler-events-lag"),
         ]
         if self.settings.config_path and self.settings.config_poll_ms > 0:
             self._tasks.append(asyncio.create_task(self._watch_config(), name="scheduler-config"))
@@ -259,6 +267,8 @@ class SchedulerService:
             await self.election.stop()  # after the intake: the next leader replays from its commit
         if self._broker is not None:
             await self._broker.stop()
+        if self._keeper is not None:
+            await self._keeper.stop()
             self._broker = None
         if self._event_consumer is not None:
             with contextlib.suppress(Exception):
@@ -395,24 +405,43 @@ class SchedulerService:
     # -- intake: worker events -------------------------------------------------
 
     async def _seek_recent_events(self) -> None:
-        """Start at events younger than the worker timeout: older ones are ignored anyway."""
+        """Start at events younger than the worker timeout: older ones are ignored anyway.
+
+        Every partition the topic has: one, unless a client auto-created it
+        after a broker restart (then the broker's default).
+        """
         consumer = self._event_consumer
-        tp = TopicPartition(self.topics.worker_events, 0)
-        consumer.assign([tp])
+        topic = self.topics.worker_events
+        counts = await self._keeper.metadata([topic]) if self._keeper is not None else None
+        tps = [TopicPartition(topic, p) for p in range((counts or {}).get(topic, 1))]
+        consumer.assign(tps)
         since_ms = int(time.time() * 1000) - self.config.service.worker_timeout_ms
-        try:
-            found = await consumer.offsets_for_times({tp: since_ms})
-            at = found.get(tp)
-            if at is not None:
-                consumer.seek(tp, at.offset)
-            else:
-                # Nothing that recent. Tansu's end offset can be a little
-                # behind the true end: the few old events read are ignored.
-                end = (await consumer.end_offsets([tp])).get(tp)
-                if end is not None:
-                    consumer.seek(tp, end)
-        except KafkaError as e:
-            log.warning("worker_events_seek_failed", error=repr(e))
+        for tp in tps:
+            try:
+                found = await consumer.offsets_for_times({tp: since_ms})
+                at = found.get(tp)
+                if at is not None:
+                    consumer.seek(tp, at.offset)
+                else:
+                    # Nothing that recent. Tansu's end offset can be a little
+                    # behind the true end: the few old events read are ignored.
+                    end = (await consumer.end_offsets([tp])).get(tp)
+                    if end is not None:
+                        consumer.seek(tp, end)
+            except KafkaError as e:
+                log.warning("worker_events_seek_failed", error=repr(e))
+
+    async def _broker_lost(self) -> None:
+        """The broker lost its topics (see :mod:`plumbing.topickeeper`): follow the new ones.
+
+        The tier and leader groups rejoin by themselves (the tier rebalance
+        hands back what is held: the broker lost those records too). Batches
+        never seen in a worker's hands are gone with the batch topics.
+        """
+        await self._seek_recent_events()
+        forgotten = self.flow.forget_unconfirmed()
+        log.info("scheduler_resumed_after_broker_loss", forgotten_batches=len(forgotten),
+                 held=self.core.held, leading=self.leading)
 
     async def _event_loop(self) -> None:
         consumer = self._event_consumer
@@ -430,8 +459,16 @@ class SchedulerService:
                     self._observe(ev, now_ms)
             if batches:
                 self._wake.set()
-            lag = await consumer_lag(consumer, consumer.assignment())
-            self.metrics.events_lag.set(sum(lag.values()))
+
+    async def _events_lag_loop(self) -> None:
+        # Apart from the event loop: a position not known yet may take a
+        # moment, and worker events must never wait for a metric.
+        while True:
+            consumer = self._event_consumer
+            if consumer is not None:
+                lag = await consumer_lag(consumer, consumer.assignment())
+                self.metrics.events_lag.set(sum(lag.values()))
+            await asyncio.sleep(1.0)
 
     def _observe(self, ev: WorkerEvent, now_ms: float) -> None:
         obs = self.flow.observe(ev, now_ms)
