@@ -41,6 +41,7 @@ __all__ = [
     "KafkaSettings",
     "add_kafka_arguments",
     "consumer_lag",
+    "in_group",
     "kafka_endpoint",
     "make_admin",
     "make_consumer",
@@ -247,6 +248,24 @@ async def consumer_lag(consumer: AIOKafkaConsumer, partitions, *,
     positions = await asyncio.gather(*(position(tp) for tp in highs))
     return {tp: max(0, high - pos)
             for (tp, high), pos in zip(highs.items(), positions) if pos is not None}
+
+
+def in_group(consumer: AIOKafkaConsumer) -> bool:
+    """True while a group consumer is a member of its group's current generation.
+
+    Commit only then. A member the coordinator no longer knows (expelled,
+    or the broker lost the group: a Tansu restart) is reset by aiokafka to
+    generation -1, and a commit with generation -1 is taken as a commit
+    from outside any group: it would write offsets read before, possibly
+    from a topic since recreated, over the group's, and the next owner
+    would skip that many new records. Unknown internals count as a member.
+    """
+    coordinator = getattr(consumer, "_coordinator", None)
+    generation = getattr(coordinator, "generation", None)
+    member_id = getattr(coordinator, "member_id", None)
+    if not isinstance(generation, int) or not isinstance(member_id, str):
+        return True
+    return generation >= 0 and member_id != ""
 
 
 def make_admin(settings: KafkaSettings, **overrides: Any) -> AIOKafkaAdminClient:

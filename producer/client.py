@@ -20,6 +20,16 @@ Only results that arrive after the client started are read: a given,
 shared reply topic may hold older ones (records older than the start minus
 ``clock_skew_ms`` are skipped).
 
+A broker that loses its topics (the embedded Tansu broker restarted) loses
+the requests in flight with them. The client notices (its reply topic
+missing or re-created, see :mod:`plumbing.topickeeper`), recreates its
+reply topic and reads it again from the start. A request submitted before
+that and still without a result ``lost_grace_s`` later (some get through:
+the producer retried them once the topics were back) fails with
+:class:`ResultLost` (a ``TimeoutError``): at once for a caller awaiting it,
+on the next :meth:`FairnessClient.result` call otherwise. A result that
+still arrives for one of them after that goes to :meth:`FairnessClient.results`.
+
 Also the ``submit`` subcommand: send one request, print its result as JSON.
 """
 
@@ -48,19 +58,31 @@ from plumbing.kafka import (
     settings_from_args,
 )
 from plumbing.logs import get_logger
+from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from schemas.codec import DecodeError, Format, codec_for, content_type, format_from_headers
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Request, Result
 from schemas.topics import Topics
 
-__all__ = ["FairnessClient", "add_arguments", "result_for_display", "run"]
+__all__ = ["FairnessClient", "ResultLost", "add_arguments", "result_for_display", "run"]
 
 log = get_logger("client")
 
 _request_codec = codec_for(Request)
 _result_codec = codec_for(Result)
 _ILLEGAL = re.compile(r"[^A-Za-z0-9._\-]")
+
+
+class ResultLost(TimeoutError):
+    """The broker lost a submitted request or the reply topic: resubmit it.
+
+    A ``TimeoutError``, so callers that handle a timeout handle this too.
+    """
+
+    def __init__(self, request_id: str, why: str):
+        self.request_id = request_id
+        super().__init__(f"request {request_id!r} was lost: {why}; submit it again")
 
 
 class FairnessClient:
@@ -82,6 +104,7 @@ class FairnessClient:
         wire_format: Format = "json",
         remember_ids: int = 100_000,
         clock_skew_ms: int = 60_000,
+        lost_grace_s: float = 10.0,
     ):
         if isinstance(config_or_prefix, Config):
             self.topics = Topics.of(config_or_prefix)
@@ -99,6 +122,9 @@ class FairnessClient:
         self.remember_ids = remember_ids
         #: Results stamped this long before the start still count (clock skew).
         self.clock_skew_ms = clock_skew_ms
+        #: After the broker lost the reply topic, how long requests submitted
+        #: before get to bring a result before they count as lost.
+        self.lost_grace_s = lost_grace_s
         self.duplicates = 0
         self._producer = None
         self._consumer = None
@@ -108,6 +134,14 @@ class FairnessClient:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._arrived = asyncio.Event()
         self._started_ms = 0
+        #: Submitted ids with no result yet (bounded like the rest).
+        self._outstanding: OrderedDict[str, None] = OrderedDict()
+        #: Ids the broker lost, and why (bounded).
+        self._lost: OrderedDict[str, str] = OrderedDict()
+        self._suspected: set[str] = set()
+        self._keeper: TopicKeeper | None = None
+        #: Times the broker was seen to lose the reply topic.
+        self.broker_losses = 0
 
     # -- lifecycle -------------------------------------------------------
 
@@ -126,22 +160,71 @@ class FairnessClient:
         await self._producer.start()
         self._consumer = make_consumer(self.settings, group_id=None)
         await self._consumer.start()
-        tps = [TopicPartition(self.reply_topic, p) for p in range(counts[self.reply_topic])]
+        self._keeper = TopicKeeper(self.settings, self._producer.client,
+                                   lambda: {self.reply_topic: 1}, service="client",
+                                   on_lost=self._reply_topic_lost,
+                                   follow=lambda: [self._consumer])
+        self._keeper.known(counts)
+        await self._follow(counts[self.reply_topic], self._started_ms - self.clock_skew_ms)
+        self._reader = asyncio.create_task(self._read(), name=f"client-{self.client_id}")
+        self._keeper.start()
+
+    async def _follow(self, partitions: int, since_ms: int) -> None:
+        """Read every partition of the reply topic: ours from the start, a shared one by time."""
+        tps = [TopicPartition(self.reply_topic, p) for p in range(partitions)]
         self._consumer.assign(tps)
         if self._owns_topic:
             await self._consumer.seek_to_beginning(*tps)
         else:
             # Tansu gets seek_to_end wrong: find the start by time instead.
-            since = self._started_ms - self.clock_skew_ms
-            found = await self._consumer.offsets_for_times({tp: since for tp in tps})
+            found = await self._consumer.offsets_for_times({tp: since_ms for tp in tps})
             missing = [tp for tp in tps if found.get(tp) is None]
             ends = await self._consumer.end_offsets(missing) if missing else {}
             for tp in tps:
                 hit = found.get(tp)
                 self._consumer.seek(tp, hit.offset if hit is not None else ends[tp])
-        self._reader = asyncio.create_task(self._read(), name=f"client-{self.client_id}")
+
+    async def _reply_topic_lost(self) -> None:
+        """The broker lost the reply topic (restart): follow the new one, fail what was in flight."""
+        self.broker_losses += 1
+        counts = await self._keeper.metadata([self.reply_topic]) or {}
+        # The results written since the restart are in the new topic: read it all.
+        await self._follow(counts.get(self.reply_topic, 1), int(time.time() * 1000) - 60_000)
+        log.warning("reply_topic_lost", reply_topic=self.reply_topic,
+                    in_flight=len(self._outstanding), grace_s=self.lost_grace_s,
+                    detail="the broker lost its topics; requests in flight without a result "
+                           "after the grace count as lost")
+        self._suspect_in_flight()
+        # Requests sent until the services recreated the ingress topic (about
+        # one check of their keepers) may have landed nowhere too.
+        asyncio.get_running_loop().call_later(2 * self._keeper.interval_s,
+                                              self._suspect_in_flight)
+
+    def _suspect_in_flight(self) -> None:
+        suspects = [rid for rid in self._outstanding if rid not in self._suspected]
+        self._suspected.update(suspects)
+        asyncio.get_running_loop().call_later(self.lost_grace_s, self._declare_lost, suspects)
+
+    def _declare_lost(self, suspects: list[str]) -> None:
+        why = "the broker lost its topics (a restart?) while it was in flight"
+        self._suspected.difference_update(suspects)
+        lost = [rid for rid in suspects if rid in self._outstanding]
+        for rid in lost:
+            del self._outstanding[rid]
+            self._lost[rid] = why
+            fut = self._waiters.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(ResultLost(rid, why))
+        while len(self._lost) > self.remember_ids:
+            self._lost.popitem(last=False)
+        if lost:
+            log.warning("requests_lost", reply_topic=self.reply_topic, requests=len(lost),
+                        detail="no result since the broker lost its topics; resubmit them")
 
     async def stop(self) -> None:
+        if self._keeper is not None:
+            await self._keeper.stop()
+            self._keeper = None
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -181,24 +264,44 @@ class FairnessClient:
             fields.setdefault("reply_to", self.reply_topic)
             fields.setdefault("created_ms", now)
             req = msgspec.convert(fields, Request)
-        await self._producer.send_and_wait(
-            self.topics.ingress,
-            _request_codec.encode(req, self.wire_format),
-            key=req.org.encode(),
-            headers=[("content-type", content_type(self.wire_format).encode())],
-        )
+        # Outstanding from before the send: a send in progress when the broker
+        # loses its topics may land nowhere, and must count as in flight.
+        fresh = req.id not in self._seen and req.id not in self._outstanding
+        if fresh:
+            self._outstanding[req.id] = None
+            while len(self._outstanding) > self.remember_ids:
+                self._outstanding.popitem(last=False)
+        try:
+            await self._producer.send_and_wait(
+                self.topics.ingress,
+                _request_codec.encode(req, self.wire_format),
+                key=req.org.encode(),
+                headers=[("content-type", content_type(self.wire_format).encode())],
+            )
+        except BaseException:
+            if fresh:
+                self._outstanding.pop(req.id, None)
+            raise
         return req.id
 
     async def result(self, request_id: str, timeout: float | None = 30.0) -> Result:
-        """The result of ``request_id``; raises ``TimeoutError`` naming the id after ``timeout`` s."""
+        """The result of ``request_id``; raises ``TimeoutError`` naming the id after ``timeout`` s.
+
+        Raises :class:`ResultLost` (a ``TimeoutError``) at once for a request
+        the broker lost.
+        """
         ready = self._ready.pop(request_id, None)
         if ready is not None:
             return ready
+        if request_id in self._lost:
+            raise ResultLost(request_id, self._lost[request_id])
         fut = self._waiters.get(request_id)
         if fut is None:
             fut = self._waiters[request_id] = asyncio.get_running_loop().create_future()
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except ResultLost:
+            raise
         except TimeoutError:
             raise TimeoutError(
                 f"no result for request {request_id!r} within {timeout} s "
@@ -207,6 +310,10 @@ class FairnessClient:
         finally:
             if fut.done() or self._waiters.get(request_id) is fut:
                 self._waiters.pop(request_id, None)
+
+    def lost_requests(self) -> dict[str, str]:
+        """Submitted ids the broker lost (no result came since), with why."""
+        return dict(self._lost)
 
     async def results(self) -> AsyncIterator[Result]:
         """Every result not awaited by :meth:`result`, in arrival order, each id once."""
@@ -247,6 +354,8 @@ class FairnessClient:
         self._seen[res.id] = None
         while len(self._seen) > self.remember_ids:
             self._seen.popitem(last=False)
+        self._outstanding.pop(res.id, None)
+        self._lost.pop(res.id, None)
         fut = self._waiters.pop(res.id, None)
         if fut is not None and not fut.done():
             fut.set_result(res)

@@ -54,6 +54,7 @@ from plumbing.deadletter import dead_letter
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
+    in_group,
     kafka_endpoint,
     make_consumer,
     make_producer,
@@ -62,6 +63,7 @@ from plumbing.kafka import (
 )
 from plumbing.logs import configure_logging, get_logger
 from plumbing.telemetry import TelemetryServer
+from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from producer.admission import Admitted, DeadLetterReason, Outcome, Refused, decide
 from producer.metrics import AdmissionMetrics, LogSampler
@@ -180,6 +182,7 @@ class AdmissionService:
         self._state_consumer = None
         self._telemetry: TelemetryServer | None = None
         self._broker: BrokerWatch | None = None
+        self._keeper: TopicKeeper | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
         self._stopped = False
@@ -198,7 +201,7 @@ class AdmissionService:
 
     async def start(self) -> None:
         """Create the topics, load token counters, connect, join the ingress group."""
-        await ensure_topics(self.kafka, self.topics.all(self.config))
+        created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._counters.update(await self._load_counters(self.config))
         if self.config_path is not None:
             self._config_mtime = self._mtime()
@@ -215,6 +218,14 @@ class AdmissionService:
         self._broker = BrokerWatch(self._producer.client, self.topics.ingress,
                                    service="admission",
                                    gauge=self.metrics.broker_reachable).start()
+        # A broker that lost its topics (a Tansu restart): recreate them, and
+        # follow the new scheduler-state topic from its start.
+        self._keeper = TopicKeeper(self.kafka, self._producer.client,
+                                   lambda: self.topics.all(self.config), service="admission",
+                                   on_lost=self._follow_state_from_recent,
+                                   follow=lambda: [self._state_consumer])
+        self._keeper.known(created)
+        self._keeper.start()
         self._tasks.append(asyncio.create_task(self._read_state(), name="admission-state"))
         self._tasks.append(asyncio.create_task(self._log_totals(), name="admission-totals"))
         if self.config_path is not None and self.settings.config_poll_ms > 0:
@@ -273,6 +284,8 @@ class AdmissionService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._broker is not None:
             await self._broker.stop()
+        if self._keeper is not None:
+            await self._keeper.stop()
         if self._consumer is not None:
             await stop_consumer(self._consumer)
         if self._state_consumer is not None:
@@ -295,7 +308,10 @@ class AdmissionService:
         if not await self._send_all(sends):
             return  # stopping with sends unacknowledged: leave the fetch to be replayed
         try:
-            await self._consumer.commit(offsets)
+            # Not a member any more (expelled, or the broker lost the group):
+            # the next owner replays the fetch; a commit now would be stale.
+            if in_group(self._consumer):
+                await self._consumer.commit(offsets)
         except KafkaError as e:
             # A rebalance took the partitions: the new owner replays them.
             log.warning("ingress_commit_failed", error=repr(e))

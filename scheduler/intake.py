@@ -38,7 +38,7 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from structlog.contextvars import bound_contextvars
 
 from plumbing.deadletter import send_dead_letter
-from plumbing.kafka import KafkaSettings, consumer_lag, make_consumer, stop_consumer
+from plumbing.kafka import KafkaSettings, consumer_lag, in_group, make_consumer, stop_consumer
 from scheduler.core import Scheduler
 from scheduler.entry import Entry
 from scheduler.metrics import SchedulerMetrics
@@ -59,6 +59,8 @@ _result_codec = codec_for(Result)
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._\-]{1,249}")
 #: Resume intake below this fraction of max_held_requests.
 _RESUME_AT = 0.9
+#: Longest wait for the commit of a revoked partition (or at stop).
+_COMMIT_ON_REVOKE_S = 3.0
 
 
 class _ReplyAddress(msgspec.Struct):
@@ -135,7 +137,7 @@ class TierIntake:
         if self._consumer is None:
             return
         with contextlib.suppress(Exception):
-            await self.commit()
+            await asyncio.wait_for(self.commit(), _COMMIT_ON_REVOKE_S)
         # Cleared first: the commit loop and lag updates skip a stopping consumer.
         consumer, self._consumer = self._consumer, None
         with contextlib.suppress(Exception):
@@ -159,8 +161,10 @@ class TierIntake:
 
     async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
         lost = set(revoked)
+        # Bounded: after a broker restart the commit is retried for as long as
+        # the topic is missing, and the rebalance would wait with it.
         with contextlib.suppress(Exception):
-            await self.commit(only=lost)
+            await asyncio.wait_for(self.commit(only=lost), _COMMIT_ON_REVOKE_S)
         # The new owner replays these from the committed offset: dispatching
         # them here too would serve them twice.
         dropped = 0
@@ -366,7 +370,7 @@ class TierIntake:
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit each partition up to its oldest held request (or all it read)."""
         consumer = self._consumer
-        if consumer is None:
+        if consumer is None or not in_group(consumer):
             return
         offsets = {tp: off for tp, off in self.offsets.to_commit().items()
                    if tp in self.assigned and (only is None or tp in only)}

@@ -669,8 +669,13 @@ class SchedulerService:
 
     async def _send_state(self, state: SchedulerState) -> None:
         try:
-            await self._producer.send(self.topics.scheduler_state, _state_codec.encode(state),
-                                      headers=_MSGPACK_HEADERS)
+            # send_and_wait: a failed delivery must be seen here, not left in a
+            # future nobody reads (after a broker restart it would be logged as such).
+            md = await self._producer.send_and_wait(self.topics.scheduler_state,
+                                                    _state_codec.encode(state),
+                                                    headers=_MSGPACK_HEADERS)
+            if self._keeper is not None:
+                self._keeper.wrote(md.topic_partition, md.offset)
         except KafkaError as e:
             log.warning("state_send_failed", error=repr(e))
 

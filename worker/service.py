@@ -60,6 +60,7 @@ from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
     consumer_lag,
+    in_group,
     kafka_endpoint,
     make_consumer,
     make_producer,
@@ -68,6 +69,7 @@ from plumbing.kafka import (
 )
 from plumbing.logs import LogSampler
 from plumbing.telemetry import TelemetryServer
+from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from scheduler.offsets import OffsetTracker
 from schemas.codec import DecodeError, codec_for, content_type
@@ -209,6 +211,7 @@ class WorkerService:
         self._consumer = None
         self._telemetry: TelemetryServer | None = None
         self._broker: BrokerWatch | None = None
+        self._keeper: TopicKeeper | None = None
         self._sampler = LogSampler(settings.log_lines_per_s)
         self._tiers = frozenset(config.tier_names)
         self._tasks: list[asyncio.Task] = []
@@ -251,7 +254,7 @@ class WorkerService:
             self.model, self.kind, worker=self.worker_id,
             max_padded_tokens=s.microbatch_padded_tokens, max_size=s.microbatch_size,
             on_microbatch=self._microbatch_done)
-        await ensure_topics(self.kafka, self.topics.all(self.config))
+        created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._producer = make_producer(self.kafka, linger_ms=0)
         await self._producer.start()
         self._consumer = make_consumer(self.kafka, group_id=f"{self.topics.prefix}worker."
@@ -260,6 +263,11 @@ class WorkerService:
         await self._consumer.start()
         self._broker = BrokerWatch(self._producer.client, self.batch_topic, service="worker",
                                    gauge=self.metrics.broker_reachable).start()
+        # Recreates the topics if the broker lost them; the group rejoins by itself.
+        self._keeper = TopicKeeper(self.kafka, self._producer.client,
+                                   lambda: self.topics.all(self.config), service="worker")
+        self._keeper.known(created)
+        self._keeper.start()
         self.started = True
         log.info("worker_started", worker=self.worker_id, endpoint=self.endpoint,
                  slots=self.slots, model=self.model.name)
@@ -312,6 +320,9 @@ class WorkerService:
         if self._broker is not None:
             await self._broker.stop()
             self._broker = None
+        if self._keeper is not None:
+            await self._keeper.stop()
+            self._keeper = None
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await stop_consumer(self._consumer)
@@ -355,8 +366,10 @@ class WorkerService:
         waiting = [t for b, t in self._in_hand.items() if self._in_hand_tp.get(b) in gone]
         if waiting:
             await asyncio.wait(waiting, timeout=self.settings.revoke_wait_s)
-        with contextlib.suppress(KafkaError):
-            await self._commit(only=gone)
+        # Bounded: after a broker restart a commit is retried while the topic
+        # is missing, and the rebalance would wait with it.
+        with contextlib.suppress(KafkaError, TimeoutError):
+            await asyncio.wait_for(self._commit(only=gone), self.settings.revoke_wait_s)
         for tp in gone:
             self.offsets.forget(tp)
             self._epochs.pop(tp, None)
@@ -371,8 +384,12 @@ class WorkerService:
             partitions=self._partitions if partitions is None else partitions,
             slots=slots, free_slots=max(0, slots - len(self._in_hand)),
             sent_ms=int(time.time() * 1000), in_flight=list(self._in_hand), **fields)
-        await self._producer.send_and_wait(self.topics.worker_events, _event_codec.encode(ev),
-                                           key=self.worker_id.encode(), headers=_MSGPACK_HEADERS)
+        md = await self._producer.send_and_wait(self.topics.worker_events,
+                                                _event_codec.encode(ev),
+                                                key=self.worker_id.encode(),
+                                                headers=_MSGPACK_HEADERS)
+        if self._keeper is not None:
+            self._keeper.wrote(md.topic_partition, md.offset)
 
     async def _heartbeat_loop(self) -> None:
         every = self.config.service.heartbeat_ms / 1000
@@ -586,7 +603,7 @@ class WorkerService:
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
         consumer = self._consumer
-        if consumer is None:
+        if consumer is None or not in_group(consumer):
             return
         assigned = consumer.assignment()
         offsets = {tp: off for tp, off in self.offsets.to_commit().items()

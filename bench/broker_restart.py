@@ -1,0 +1,158 @@
+"""Restart the embedded broker under load: it comes back empty, the pipeline must too.
+
+``EmbeddedBroker.restart(grace_s=0)`` kills Tansu and starts it again on the
+same port with nothing in it: no topics, records, groups or offsets. The
+services (processes: two schedulers, admission, a worker, fake model) and a
+:class:`~producer.client.FairnessClient` sending ``--rate`` requests a
+second must notice (:mod:`plumbing.topickeeper`), recreate the topics and go
+on, and the client must get an answer or a clear error for every request:
+a result, or :class:`~producer.client.ResultLost` for what the broker lost.
+
+Prints: requests sent before and after the restart, results, requests
+declared lost, requests left without either (must be 0: nobody waits
+forever), the recovery time (restart to the first result of a request sent
+after it), and the ``broker_restarted`` lines per service (one each).
+
+Run: ``python bench/broker_restart.py`` (about 40 s on 2 cores; ``--json``
+writes the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.crash import CONFIG
+from bench.loadgen import Load
+from plumbing.broker import EmbeddedBroker
+from plumbing.kafka import KafkaSettings
+from plumbing.processes import ProcessStack
+from producer.client import FairnessClient
+from schemas.config import parse_config
+
+__all__ = ["main", "run"]
+
+
+def _restart_lines(log_path: Path) -> Counter:
+    """``broker_restarted`` lines in the services' JSON log, per service."""
+    out: Counter = Counter()
+    with open(log_path) as f:
+        for line in f:
+            if '"broker_restarted"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == "broker_restarted":
+                out[rec.get("service", "?")] += 1
+    return out
+
+
+async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.0,
+              session_ms: int = 2000, lost_grace_s: float = 8.0, say=print) -> dict:
+    """The scenario; returns its figures."""
+    figures: dict = {"rate": rate, "before_s": before_s, "after_s": after_s}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_path = Path(tmp) / "restart.toml"
+        text = CONFIG.format(model="fake:ms_per_token=0.3,ms_per_batch=5",
+                             worker_timeout_ms=session_ms + 500).replace("crash.", "restart.")
+        cfg_path.write_text(text)
+        config = parse_config(text)
+        log_path = Path(tmp) / "services.log"
+        env = {"SF_KAFKA_SESSION_TIMEOUT_MS": str(session_ms),
+               "SF_KAFKA_HEARTBEAT_INTERVAL_MS": str(max(100, session_ms // 4))}
+        with open(log_path, "w") as log:  # noqa: ASYNC230 - before any task runs
+            async with EmbeddedBroker() as broker:
+                kafka = KafkaSettings(bootstrap=broker.bootstrap, client_id="restart-bench")
+                stack = ProcessStack(cfg_path, broker.bootstrap, endpoints=["embed"], log=log,
+                                     env=env, schedulers=2, workers=1)
+                await stack.start(timeout_s=180)
+                say(f"pipeline up: {sorted(stack.procs)}")
+                async with FairnessClient(kafka, config, lost_grace_s=lost_grace_s) as client:
+                    load = Load(client, ["acme", "bulk", "quiet"], rate).start()
+                    try:
+                        await asyncio.sleep(before_s)
+                        restart_ms, restart_s = int(time.time() * 1000), time.monotonic()
+                        await broker.arestart(grace_s=0)
+                        say("broker restarted (memory store: everything gone)")
+                        await asyncio.sleep(after_s)
+                        load.stop_sending()
+                        # Every request: a result, or declared lost after the grace.
+                        deadline = time.monotonic() + lost_grace_s + 60
+                        while time.monotonic() < deadline:
+                            lost = client.lost_requests()
+                            if all(rid in lost for rid in load.missing()):
+                                break
+                            await asyncio.sleep(0.2)
+                        lost = client.lost_requests()
+                        figures["client_saw_loss"] = client.broker_losses
+                    finally:
+                        await load.close()
+                figures["failed_process"] = stack.failed()
+                figures["leader_after"] = await stack.leader()
+                await stack.stop()
+        figures["broker_restarted_lines"] = dict(_restart_lines(log_path))
+    sent = load.sent
+    before = [o for o in sent.values() if o.sent_ms < restart_ms]
+    after = [o for o in sent.values() if o.sent_ms >= restart_ms]
+    figures["sent_before"], figures["sent_after"] = len(before), len(after)
+    figures["results"] = sum(o.result is not None for o in sent.values())
+    figures["statuses"] = dict(load.statuses())
+    figures["declared_lost"] = sum(1 for rid, o in sent.items() if o.result is None and rid in lost)
+    figures["unanswered"] = sum(1 for rid, o in sent.items()
+                                if o.result is None and rid not in lost)
+    figures["lost_sent_after_restart"] = sum(1 for o in after if o.result is None)
+    firsts = [o.done_s for o in after if o.done_s is not None]
+    figures["recovery_s"] = round(min(firsts) - restart_s, 2) if firsts else None
+    # Requests sent once the pipeline was back (after the first new result).
+    back = min(firsts) if firsts else None
+    late = [o for o in after if back is not None and o.sent_s >= back]
+    figures["sent_after_recovery"] = len(late)
+    figures["ok_after_recovery"] = sum(1 for o in late
+                                       if o.result is not None and o.result.status == "ok")
+    return figures
+
+
+def report(f: dict) -> str:
+    return "\n".join([
+        (f"requests sent              {f['sent_before']} before the restart, "
+        f"{f['sent_after']} after"),
+        f"results                    {f['results']}  {f['statuses']}",
+        f"declared lost (ResultLost) {f['declared_lost']}",
+        f"unanswered                 {f['unanswered']}",
+        (f"recovery                   {f['recovery_s']} s from the restart to the first result "
+        "of a request sent after it"),
+        f"after recovery             {f['ok_after_recovery']} ok of {f['sent_after_recovery']}",
+        (f"broker_restarted lines     {f['broker_restarted_lines']} (client: "
+        f"{f['client_saw_loss']})"),
+        f"process died               {f['failed_process']}; leader after: {f['leader_after']}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=30.0, help="requests per second (default 30)")
+    p.add_argument("--before-s", type=float, default=5.0, help="load before the restart")
+    p.add_argument("--after-s", type=float, default=12.0, help="load after the restart")
+    p.add_argument("--json", default=None, help="write the figures to this file")
+    args = p.parse_args(argv)
+    figures = asyncio.run(run(rate=args.rate, before_s=args.before_s, after_s=args.after_s))
+    print(report(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+    return 0 if figures["unanswered"] == 0 else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Noticing a broker that lost its topics, and putting them back.
+
+A Kafka cluster keeps its topics across restarts; the embedded Tansu broker
+(memory storage) does not: after a restart every topic, record, group and
+committed offset is gone, while the clients reconnect as if nothing
+happened. What each kind of client then does, measured with aiokafka 0.14:
+
+* a **producer** writing to a topic that no longer exists gets an
+  acknowledgement, and the record is gone: nothing reads it back;
+* a **group consumer** is told its member id is unknown, rejoins, finds no
+  committed offset and starts at the earliest one: it recovers by itself
+  once the topic exists again;
+* an **assigned consumer** (no group: the scheduler's worker events,
+  admission's scheduler state, a client's replies) keeps its position, say
+  5000, and fetches nothing from a new topic until it has 5000 records.
+
+So every service runs a :class:`TopicKeeper`. Every ``interval_s`` it asks
+for the metadata of its own topics (one request, auto-creation off) and
+checks the positions of the consumers it follows. Evidence of a lost broker:
+a topic missing, a topic whose partition count changed (auto-created by some
+client with the broker's default), a followed partition whose high
+watermark is below our position, or a record we wrote landing at a lower
+offset than one we wrote before (:meth:`TopicKeeper.wrote`): whoever
+recreated the topics first, every service sees one of these. Then it logs **one** ``broker_restarted``
+warning per incident with the evidence, recreates the topics
+(:func:`~plumbing.topics.ensure_topics`, idempotent: another service may
+have done it already), and calls the service's ``on_lost`` hook, which
+re-seeks what it follows and forgets what the broker forgot. A failed
+recreation is retried at the next check; nothing raises out of the loop.
+
+Whatever was written between the restart and the recreation is lost (the
+first bullet): requests in it get no result, and clients time out (or are
+told, see :class:`producer.client.FairnessClient`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+
+import structlog
+from aiokafka.protocol.metadata import MetadataRequest
+
+from plumbing.kafka import KafkaSettings
+from plumbing.topics import ensure_topics
+
+__all__ = ["TopicKeeper", "truncated"]
+
+log = structlog.get_logger("broker")
+
+_UNKNOWN_TOPIC = 3
+
+
+async def truncated(consumer, timeout_s: float = 0.5) -> list:
+    """Assigned partitions whose high watermark is below the consumer's position."""
+    out = []
+    for tp in consumer.assignment():
+        high = consumer.highwater(tp)
+        if high is None:
+            continue
+        pos = None
+        with contextlib.suppress(Exception):  # no position now: nothing to compare
+            pos = await asyncio.wait_for(consumer.position(tp), timeout_s)
+        if pos is not None and high < pos:
+            out.append(tp)
+    return out
+
+
+class TopicKeeper:
+    """Checks ``specs()`` (topic -> partitions) through ``client`` (an ``AIOKafkaClient``).
+
+    ``follow()`` returns the consumers whose positions to check (the
+    assigned ones). ``on_lost`` runs after the topics are back. Mutable
+    state (known partition counts, the incident clock) is the loop's alone.
+    """
+
+    def __init__(self, kafka: KafkaSettings, client, specs: Callable[[], Mapping[str, int]], *,
+                 service: str, on_lost: Callable[[], Awaitable[None]] | None = None,
+                 follow: Callable[[], Iterable] = tuple, interval_s: float = 1.0,
+                 timeout_s: float = 2.0, quiet_s: float = 30.0):
+        self.kafka = kafka
+        self.client = client
+        self.specs = specs
+        self.service = service
+        self.on_lost = on_lost
+        self.follow = follow
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        #: Evidence within this long of the last ``broker_restarted`` line is
+        #: the same incident: acted on, not logged again.
+        self.quiet_s = quiet_s
+        self.incidents = 0
+        self._counts: dict[str, int] = {}
+        self._last_logged = -float("inf")
+        self._pending: list[str] | None = None
+        self._written: dict = {}
+        self._went_back: list[str] = []
+        self._task: asyncio.Task | None = None
+
+    def known(self, counts: Mapping[str, int]) -> None:
+        """Partition counts as created at start (``ensure_topics``' answer)."""
+        self._counts.update(counts)
+
+    def wrote(self, tp, offset: int) -> None:
+        """Note where a record of ours landed; an offset going back is evidence."""
+        last = self._written.get(tp)
+        if last is not None and offset < last:
+            self._went_back.append(f"our writes to {tp.topic}[{tp.partition}] went back "
+                                   f"from offset {last} to {offset}")
+        self._written[tp] = offset
+
+    async def metadata(self, topics: list[str]) -> dict[str, int] | None:
+        """Partitions per existing topic of ``topics``; None when no broker answered."""
+        nodes = [b.nodeId for b in self.client.cluster.brokers()]
+        random.shuffle(nodes)
+        request = MetadataRequest(topics, allow_auto_topic_creation=False)
+        for node in nodes:
+            resp = None
+            with contextlib.suppress(Exception):  # try the next broker, or the next round
+                resp = await asyncio.wait_for(self.client.send(node, request), self.timeout_s)
+            if resp is not None:
+                return {t[1]: len(t[3]) for t in resp.topics if t[0] != _UNKNOWN_TOPIC}
+        return None
+
+    async def check(self) -> list[str]:
+        """Evidence that the broker lost state (empty: none)."""
+        specs = self.specs()
+        counts = await self.metadata(sorted(specs))
+        if counts is None:
+            return []  # unreachable: the broker probe reports that, not us
+        evidence, self._went_back = self._went_back, []
+        evidence += [f"missing {t}" for t in sorted(specs) if t not in counts]
+        evidence += [f"partitions of {t}: {self._counts[t]} -> {n}" for t, n in counts.items()
+                     if t in self._counts and n != self._counts[t]]
+        for consumer in self.follow():
+            if consumer is None:
+                continue
+            evidence += [f"high watermark of {tp.topic}[{tp.partition}] below our position"
+                         for tp in await truncated(consumer)]
+        return evidence
+
+    async def recover(self, evidence: list[str]) -> bool:
+        """Log (once per incident), recreate the topics, run ``on_lost``; True when done."""
+        now = time.monotonic()
+        if now - self._last_logged > self.quiet_s:
+            self.incidents += 1
+            log.warning("broker_restarted", service=self.service, evidence=evidence[:10],
+                        detail="the broker lost topics or records; recreating the topics, "
+                               "what was written since the restart is lost")
+        self._last_logged = now
+        specs = self.specs()
+        try:
+            counts = await ensure_topics(self.kafka, specs)
+        except Exception as e:  # noqa: BLE001 - retried at the next check
+            log.warning("topics_recreate_failed", service=self.service, error=repr(e))
+            return False
+        self._counts.update(counts)
+        if self.on_lost is not None:
+            try:
+                await self.on_lost()
+            except Exception as e:  # noqa: BLE001 - retried at the next check
+                log.warning("broker_recovery_failed", service=self.service, error=repr(e))
+                return False
+        log.info("topics_recreated", service=self.service, topics=len(counts))
+        return True
+
+    async def run(self) -> None:
+        while True:
+            try:
+                evidence = self._pending or await self.check()
+                self._pending = None
+                if evidence and not await self.recover(evidence):
+                    self._pending = evidence
+            except Exception as e:  # noqa: BLE001 - the keeper must never stop the service
+                log.warning("topic_check_failed", service=self.service, error=repr(e))
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> TopicKeeper:
+        self._task = asyncio.create_task(self.run(), name=f"{self.service}-topic-keeper")
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None

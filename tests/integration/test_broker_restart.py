@@ -1,0 +1,55 @@
+"""A broker that restarts empty (Tansu's memory store): services and clients recover.
+
+The full scenario is ``bench/broker_restart.py`` (figures in
+``docs/reliability.md``); here a short run of it, and the client alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench.broker_restart import report, run
+from plumbing.broker import EmbeddedBroker
+from plumbing.kafka import KafkaSettings
+from producer.client import FairnessClient, ResultLost
+
+pytestmark = pytest.mark.integration
+
+
+async def test_pipeline_recovers_and_nobody_waits_forever():
+    """After a restart every service recreates its topics and goes on; every request is answered."""
+    lines: list[str] = []
+    f = await run(rate=20, before_s=3, after_s=7, lost_grace_s=4, say=lines.append)
+    print("\n".join(lines) + "\n" + report(f))
+    assert f["unanswered"] == 0, report(f)
+    assert f["failed_process"] is None
+    assert f["sent_after_recovery"] > 0 and f["ok_after_recovery"] == f["sent_after_recovery"]
+    # One line per service instance: two schedulers, admission, one worker.
+    assert f["broker_restarted_lines"] == {"scheduler": 2, "admission": 1, "worker": 1}
+    assert f["client_saw_loss"] == 1
+
+
+async def test_client_is_told_its_request_was_lost():
+    """A request in flight when the broker loses everything fails with ResultLost, not forever."""
+    async with EmbeddedBroker() as broker:
+        kafka = KafkaSettings(bootstrap=broker.bootstrap, client_id="lost-test")
+        async with FairnessClient(kafka, "lost.", lost_grace_s=1.0) as client:
+            await broker_ready_for(kafka)
+            rid = await client.submit({"org": "acme", "endpoint": "embed",
+                                       "input": {"type": "embed", "texts": ["hi"]}})
+            waiting = asyncio.ensure_future(client.result(rid, timeout=None))
+            await broker.arestart(grace_s=0)
+            with pytest.raises(ResultLost, match=rid):
+                await asyncio.wait_for(waiting, 20)
+            assert rid in client.lost_requests()
+            with pytest.raises(ResultLost):
+                await client.result(rid, timeout=1)
+
+
+async def broker_ready_for(kafka: KafkaSettings) -> None:
+    """The ingress topic exists (nobody runs admission here): submit must not auto-create it."""
+    from plumbing.topics import ensure_topics
+
+    await ensure_topics(kafka, {"lost.requests": 1})
