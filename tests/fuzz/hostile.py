@@ -46,12 +46,19 @@ __all__ = [
     "Value",
     "allowed_reply_topic",
     "bombs",
+    "damage",
     "deep_nesting",
+    "format_headers",
     "fuzz_cases",
     "fuzz_settings",
+    "headers_from",
     "hostile_bytes",
     "hostile_headers",
+    "hostile_headers_from",
+    "json_from_seed",
+    "json_like",
     "mutated_case",
+    "random_value",
     "record_timestamps",
     "valid_case",
     "valid_request_id",
@@ -362,7 +369,7 @@ def base_from_seed(seed: int) -> Base:
         inp = {"type": "rerank", "query": _words(rng, 2),
                "documents": [_words(rng, 2) for _ in range(rng.randint(1, 4))]}
         if rng.random() < 0.5:
-            inp["top_n"] = rng.choice([1, 2, 10, 2**63])
+            inp["top_n"] = rng.choice([1, 2, 10, 2**63 - 1])
     size = rng.choice([1, 2, 8, 36, 128])
     fields: list[tuple[str, Any]] = [
         ("id", "".join(rng.choices(_ID_CHARS, k=rng.randint(1, size)))),
@@ -639,7 +646,7 @@ def _mutate(draw: st.DrawFn, base: Base, name: str) -> tuple[list[tuple[str, Val
             "hostile_priority": ("priority", 0, 100),
             "hostile_deadline": ("deadline_ms", 1, 86_400_000),
             "hostile_created": ("created_ms", 0, 10**14),
-            "hostile_top_n": ("top_n", 1, None),
+            "hostile_top_n": ("top_n", 1, 2**63 - 1),
         }[name]
         num = draw(_SOME_HOSTILE_NUMBER)
         how = _int_field(num, fmt, lo, hi)
@@ -881,14 +888,17 @@ _JSON_ONLY: list[Any] = [2**70, -(2**70), 10**300]
 _MSGPACK_ONLY: list[Any] = [float("nan"), float("inf"), float("-inf"), b"", b"\xff\x00bytes"]
 
 
-def _random_value(rng: random.Random, msgpack: bool, depth: int) -> Any:
+def random_value(rng: random.Random, msgpack: bool, depth: int = 0,
+                 keys: tuple[str, ...] = tuple(_REQUEST_KEYS)) -> Any:
+    """A hostile value: nested lists and objects (keys mostly from ``keys``) with
+    extreme numbers, evil strings and, in msgpack, NaN, infinities and bytes."""
     roll = rng.random()
     if depth < 4 and roll < 0.2:
-        return [_random_value(rng, msgpack, depth + 1) for _ in range(rng.randint(0, 4))]
+        return [random_value(rng, msgpack, depth + 1, keys) for _ in range(rng.randint(0, 4))]
     if depth < 4 and roll < 0.45:
-        return {(rng.choice(_REQUEST_KEYS) if rng.random() < 0.8 else
+        return {(rng.choice(keys) if rng.random() < 0.8 else
                  "".join(rng.choices(_TEXT_CHARS, k=rng.randint(0, 6)))):
-                _random_value(rng, msgpack, depth + 1) for _ in range(rng.randint(0, 6))}
+                random_value(rng, msgpack, depth + 1, keys) for _ in range(rng.randint(0, 6))}
     if roll < 0.55:
         return rng.choice(_MSGPACK_ONLY if msgpack else _JSON_ONLY)
     if roll < 0.65:
@@ -898,58 +908,63 @@ def _random_value(rng: random.Random, msgpack: bool, depth: int) -> Any:
     return rng.choice(_SCALARS)
 
 
-def json_from_seed(seed: int, msgpack: bool) -> bytes:
-    """A request-shaped value (object keys mostly request field names), encoded."""
+def json_from_seed(seed: int, msgpack: bool,
+                   keys: tuple[str, ...] = tuple(_REQUEST_KEYS)) -> bytes:
+    """A message-shaped value (object keys mostly from ``keys``), encoded."""
     rng = random.Random(seed)
-    obj = _random_value(rng, msgpack, 0) if rng.random() < 0.3 else {
-        rng.choice(_REQUEST_KEYS): _random_value(rng, msgpack, 1) for _ in range(rng.randint(0, 8))}
+    obj = random_value(rng, msgpack, 0, keys) if rng.random() < 0.3 else {
+        rng.choice(keys): random_value(rng, msgpack, 1, keys) for _ in range(rng.randint(0, 8))}
     return msgspec.msgpack.encode(obj) if msgpack else msgspec.json.encode(obj)
 
 
 @functools.cache
-def json_like(msgpack: bool) -> st.SearchStrategy[bytes]:
-    """Encoded request-shaped values with hostile leaves (one draw each)."""
-    return _SEEDS.map(lambda seed: json_from_seed(seed, msgpack))
+def json_like(msgpack: bool, keys: tuple[str, ...] = tuple(_REQUEST_KEYS)
+              ) -> st.SearchStrategy[bytes]:
+    """Encoded message-shaped values with hostile leaves (one draw each)."""
+    return _SEEDS.map(lambda seed: json_from_seed(seed, msgpack, keys))
 
 
-_FLIP_OPS = st.sampled_from(["flip", "drop", "insert", "dup", "cut", "byte"])
-_FLIP_COUNT = st.integers(1, 4)
-_BIT = st.integers(0, 7)
-_INSERT = st.binary(min_size=1, max_size=8)
-_SPECIAL_BYTE = st.sampled_from([0x00, 0x22, 0x5C, 0x7B, 0x7D, 0x80, 0xC0, 0xDD, 0xFF])
-
-
-def _flip(data: bytes, draw: st.DrawFn) -> bytes:
+def damage(data: bytes, rng: random.Random) -> bytes:
     """Byte-level damage: flip bits, drop, insert, duplicate, or truncate."""
-    if not data:
-        return data
     buf = bytearray(data)
-    for _ in range(draw(_FLIP_COUNT)):
+    for _ in range(rng.randint(1, 4)):
         if not buf:
             break
-        op = draw(_FLIP_OPS)
-        i = draw(st.integers(0, len(buf) - 1))
+        op = rng.choice(["flip", "drop", "insert", "dup", "cut", "byte"])
+        i = rng.randrange(len(buf))
         if op == "flip":
-            buf[i] ^= 1 << draw(_BIT)
+            buf[i] ^= 1 << rng.randrange(8)
         elif op == "drop":
             del buf[i]
         elif op == "insert":
-            buf[i:i] = draw(_INSERT)
+            buf[i:i] = rng.randbytes(rng.randint(1, 8))
         elif op == "dup":
-            j = draw(st.integers(i, min(len(buf), i + 16)))
-            buf[i:i] = buf[i:j]
+            buf[i:i] = buf[i:rng.randint(i, min(len(buf), i + 16))]
         elif op == "cut":
             del buf[i:]
         else:
-            buf[i] = draw(_SPECIAL_BYTE)
+            buf[i] = rng.choice([0x00, 0x22, 0x5C, 0x7B, 0x7D, 0x80, 0xC0, 0xDD, 0xFF])
     return bytes(buf)
 
 
-@st.composite
-def damaged_request(draw: st.DrawFn) -> bytes:
-    """A valid request's encoding, damaged at the byte level."""
-    b = draw(valid_base())
-    return _flip(body(b.fields, b.fmt), draw)
+def _damaged_request(seed: int) -> bytes:
+    b = base_from_seed(seed)
+    return damage(body(b.fields, b.fmt), random.Random(seed + 1))
+
+
+def hostile_headers_from(rng: random.Random) -> list[tuple[str, bytes | None]] | None:
+    """Any headers at all (seeded): none, junk, None values, several content-types."""
+    if rng.random() < 0.25:
+        return None
+    values = [*_JSON_TYPES, *_MSGPACK_TYPES, *_BAD_TYPES, None]
+    return [(rng.choice(_CT_KEYS + _OTHER_KEYS),
+             rng.choice(values) if rng.random() < 0.7 else rng.randbytes(rng.randint(0, 24)))
+            for _ in range(rng.randint(0, 3))]
+
+
+def headers_from(rng: random.Random, fmt: str) -> list[tuple[str, bytes | None]] | None:
+    """Mostly headers announcing ``fmt``; sometimes any headers at all."""
+    return _rng_headers(rng, fmt) if rng.random() < 0.7 else hostile_headers_from(rng)
 
 
 @functools.cache
@@ -960,7 +975,7 @@ def hostile_bytes() -> st.SearchStrategy[bytes | None]:
         st.binary(max_size=600),
         json_like(False),
         json_like(True),
-        damaged_request(),
+        _SEEDS.map(_damaged_request),
         deep_nesting(),
         bombs(),
         (st.sampled_from([2_001, 65_536, 1 << 20, 5_000_000]) | st.integers(1, 100_000)).map(

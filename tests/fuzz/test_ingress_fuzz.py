@@ -303,3 +303,13 @@ def test_a_trailing_newline_is_not_an_identifier(field):
     out = _decide(value, None, NOW_MS)
     check_outcome(out, value, None)
     assert isinstance(out, DeadLetterReason) and out.reason == "invalid", out
+
+
+@pytest.mark.parametrize("top_n", [2**63, 2**64, 10**30])
+def test_an_integer_beyond_64_bits_is_not_admitted(top_n):
+    """JSON carries any integer, msgpack only 64 bits: admitting top_n=10**30 broke the send."""
+    value = msgspec.json.encode({"id": "r-1", "org": "acme", "endpoint": "rerank", "input": {
+        "type": "rerank", "query": "q", "documents": ["d"], "top_n": top_n}})
+    out = _decide(value, None, NOW_MS)
+    check_outcome(out, value, None)
+    assert isinstance(out, DeadLetterReason) and out.reason == "invalid"

@@ -1,0 +1,666 @@
+"""Hostile records on the internal topics: their decoders and the code right behind them.
+
+For ``AdmittedRequest`` (tier topics), ``Batch`` (batch topics), ``WorkerEvent``
+and ``SchedulerState``, 10,000 cases each by default (``tests/fuzz/hostile.py``,
+``fuzz_cases``): raw bytes, message-shaped values with hostile leaves, valid
+encodings damaged at the byte level, one field of a valid message replaced by a
+hostile value, 200,000-level nesting, msgpack bombs, any headers. The codec must
+raise nothing but ``DecodeError``; what it does accept must re-encode to the
+same message; and every valid message must round-trip in both encodings (JSON
+only with finite floats: JSON has no NaN).
+
+Then what consumes those messages, fed with whatever the decoders let through:
+
+* the worker's :class:`~worker.execute.BatchExecutor` (batch -> one result per
+  request), with a model that explodes on some texts: no exception escapes, each
+  request gets exactly one terminal result, a failure stays with its request;
+* the scheduler's tier intake (record -> held, duplicate or dead letter) and the
+  core behind it: no exception, nothing sent to an illegal or disallowed topic,
+  and the next batch always comes back (a poisoned token count must not spin DRR);
+* the scheduler's worker-slot registry (:class:`~scheduler.flow.FlowControl`)
+  and cost feedback, from worker events;
+* admission's throttle, from scheduler-state snapshots: no snapshot can make
+  admission fail a request instead of deciding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import signal
+import string
+import time
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+from aiokafka.structs import ConsumerRecord
+from hypothesis import event, given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from producer.admission import Admitted, DeadLetterReason, Refused, decide
+from producer.ratelimit import RateLimiter
+from producer.throttle import ThrottleState
+from scheduler import intake as intake_module
+from scheduler.core import Scheduler
+from scheduler.flow import FlowControl
+from scheduler.intake import TierIntake
+from scheduler.metrics import SchedulerMetrics
+from scheduler.snapshot import Backlog, ServiceRate
+from schemas.codec import DecodeError, codec_for
+from schemas.config import parse_config
+from schemas.messages import (
+    TERMINAL_STATUSES,
+    AdmittedRequest,
+    Batch,
+    BatchTiming,
+    EmbedInput,
+    LaneState,
+    RerankInput,
+    Result,
+    SchedulerState,
+    WorkerEvent,
+)
+from schemas.topics import Topics
+from tests.admission_setup import TOML
+from tests.fuzz.hostile import (
+    BOMBS,
+    EVIL_STRINGS,
+    NOW_MS,
+    allowed_reply_topic,
+    damage,
+    deep_value,
+    fuzz_settings,
+    headers_from,
+    json_from_seed,
+    random_value,
+)
+from worker.execute import BatchExecutor
+from worker.fake import FakeEmbedder
+from worker.interface import CosineReranker
+from worker.tokenizer import load_token_counter
+
+# The admission registry, with the rerank endpoint on the adaptive cost model so
+# that worker timings feed a cost that could be poisoned.
+_RAW = __import__("tomllib").loads(TOML)
+_RAW["endpoints"]["rerank"].update(cost_model="adaptive", quantum=128)
+CONFIG = parse_config(_RAW)
+TOPICS = Topics.of(CONFIG)
+_ID_CHARS = string.ascii_letters + string.digits + "._:-"
+_NAME_CHARS = string.ascii_letters + string.digits + "._-"
+_TEXT_CHARS = string.ascii_letters + " \u00e9\u4e2d\U0001f600\"\\"
+_SEEDS = st.integers(0, 2**64 - 1)
+
+# -- valid messages, from a seed ---------------------------------------------------------
+
+
+def _name(rng: random.Random, chars: str = _NAME_CHARS, most: int = 64) -> str:
+    return "".join(rng.choices(chars, k=rng.randint(1, rng.choice([3, 12, most]))))
+
+
+def _text(rng: random.Random, most: int = 30) -> str:
+    return "".join(rng.choices(_TEXT_CHARS, k=rng.randint(0, most)))
+
+
+def _float(rng: random.Random, finite: bool) -> float:
+    pool = [0.0, -0.0, 1.5, -1e308, 1e308, 5e-324, rng.uniform(-1e9, 1e9)]
+    if not finite:
+        pool += [math.nan, math.inf, -math.inf]
+    return rng.choice(pool)
+
+
+def _int64(rng: random.Random) -> int:
+    return rng.choice([0, 1, -1, 2**63 - 1, -(2**63), rng.randint(-(2**63), 2**63 - 1)])
+
+
+def admitted_from(rng: random.Random) -> AdmittedRequest:
+    """Any AdmittedRequest the schema allows (not only what admission would emit)."""
+    if rng.random() < 0.5:
+        inp: EmbedInput | RerankInput = EmbedInput(
+            texts=[_text(rng) for _ in range(rng.randint(1, 5))])
+    else:
+        inp = RerankInput(query=_text(rng), documents=[_text(rng) for _ in range(rng.randint(1, 5))],
+                          top_n=rng.choice([None, 1, 3, 2**63 - 1]))
+    return AdmittedRequest(
+        id=_name(rng, _ID_CHARS, 128), org=_name(rng), endpoint=rng.choice(["embed", "rerank",
+                                                                            _name(rng)]),
+        tier=rng.choice(["enterprise", "standard", "free", "", _text(rng)]), input=inp,
+        tokens=rng.choice([1, 20, 21, 2**31, 2**63 - 1, rng.randint(1, 100)]),
+        priority=rng.randint(0, 100),
+        deadline_at_ms=rng.choice([None, 0, NOW_MS - 1, NOW_MS + 10**9, 10**14]),
+        created_ms=rng.choice([0, NOW_MS, 10**14]), admitted_ms=rng.choice([0, NOW_MS, 10**14]),
+        reply_to=rng.choice([TOPICS.results, TOPICS.reply_prefix(CONFIG) + _name(rng),
+                             TOPICS.tier("enterprise"), _name(rng, most=249)]),
+        reply_format=rng.choice(["json", "msgpack"]),
+    )
+
+
+def batch_from(rng: random.Random) -> Batch:
+    return Batch(id=_text(rng, 40), endpoint=rng.choice(["embed", "rerank", _name(rng)]),
+                 requests=[admitted_from(rng) for _ in range(rng.randint(0, 4))],
+                 tokens=_int64(rng), created_ms=rng.choice([0, NOW_MS, 10**14]),
+                 worker=_text(rng, 20), epoch=_int64(rng))
+
+
+def event_from(rng: random.Random, finite: bool = True) -> WorkerEvent:
+    return WorkerEvent(
+        worker=_text(rng, 20), endpoint=rng.choice(["embed", "rerank", _name(rng)]),
+        kind=rng.choice(["hello", "heartbeat", "batch_done", "bye"]),
+        partitions=[rng.choice([0, 1, 3, 4, 99, -1, -(2**63), 2**63 - 1])
+                    for _ in range(rng.randint(0, 4))],
+        slots=rng.randint(0, 1024), free_slots=rng.randint(0, 1024),
+        sent_ms=rng.choice([0, NOW_MS, NOW_MS - 60_000, 10**14]),
+        in_flight=[_text(rng, 10) for _ in range(rng.randint(0, 3))],
+        batch_id=rng.choice([None, "", _text(rng, 10)]), batch_requests=_int64(rng),
+        batch_tokens=_int64(rng), inference_ms=_float(rng, finite),
+        timings=[BatchTiming(org=_name(rng), tokens=_int64(rng), seconds=_float(rng, finite))
+                 for _ in range(rng.randint(0, 3))],
+    )
+
+
+def _lane(rng: random.Random, finite: bool) -> LaneState:
+    tiers = ["enterprise", "standard", "free", _name(rng)]
+    return LaneState(
+        endpoint=rng.choice(["embed", "rerank"]), held_requests=_int64(rng),
+        held_cost_by_tier={t: _float(rng, finite) for t in rng.sample(tiers, rng.randint(0, 4))},
+        held_tokens_by_tier={t: _int64(rng) for t in rng.sample(tiers, rng.randint(0, 4))},
+        tokens_per_s=_float(rng, finite), free_slots=_int64(rng), workers=_int64(rng),
+        active_orgs_by_tier={t: _int64(rng) for t in rng.sample(tiers, rng.randint(0, 4))},
+        org_held_tokens={o: _int64(rng) for o in rng.sample(["acme", "trial", "bulk", "x"],
+                                                            rng.randint(0, 4))},
+    )
+
+
+def state_from(rng: random.Random, finite: bool = True) -> SchedulerState:
+    return SchedulerState(
+        sent_ms=rng.choice([0, NOW_MS, NOW_MS - 1_000, NOW_MS + 10**9, 10**14]),
+        lanes={k: _lane(rng, finite) for k in rng.sample(["embed", "rerank", "x"],
+                                                        rng.randint(0, 3))},
+        held_requests=_int64(rng), epoch=_int64(rng))
+
+
+BUILDERS: dict[type, Any] = {
+    AdmittedRequest: lambda rng, finite: admitted_from(rng),
+    Batch: lambda rng, finite: batch_from(rng),
+    WorkerEvent: event_from,
+    SchedulerState: state_from,
+}
+
+# -- hostile records for one message type --------------------------------------------------
+
+_HOSTILE_LEAVES: list[Any] = [
+    None, True, -1, 0, 2**64 - 1, -(2**63), 1.5, "", "x" * 10_000, [], {}, [[[[]]]],
+    {"type": "nope"}, *EVIL_STRINGS[:12],
+]
+
+
+def _replace_somewhere(obj: Any, rng: random.Random, msgpack: bool) -> Any:
+    """``obj`` (plain builtins) with one value, at any depth, made hostile."""
+    if isinstance(obj, dict) and obj and rng.random() < 0.8:
+        key = rng.choice(list(obj))
+        return {**obj, key: _replace_somewhere(obj[key], rng, msgpack)}
+    if isinstance(obj, list) and obj and rng.random() < 0.8:
+        i = rng.randrange(len(obj))
+        return [*obj[:i], _replace_somewhere(obj[i], rng, msgpack), *obj[i + 1:]]
+    if rng.random() < 0.5:
+        return rng.choice(_HOSTILE_LEAVES + ([math.nan, math.inf, b"\xff"] if msgpack else []))
+    return random_value(rng, msgpack, 2)
+
+
+def _encode(obj: Any, fmt: str) -> bytes:
+    return msgspec.json.encode(obj) if fmt == "json" else msgspec.msgpack.encode(obj)
+
+
+def _mutated(typ: type, seed: int) -> tuple[bytes, str]:
+    rng = random.Random(seed)
+    fmt = rng.choice(["json", "msgpack"])
+    plain = msgspec.to_builtins(BUILDERS[typ](rng, True))
+    for _ in range(rng.randint(1, 2)):
+        plain = _replace_somewhere(plain, rng, fmt == "msgpack")
+    if rng.random() < 0.2 and isinstance(plain, dict) and plain:
+        plain.pop(rng.choice(list(plain)))  # a required field missing
+    return _encode(plain, fmt), fmt
+
+
+_KINDS = ["binary", "shaped", "mutated", "damaged", "deep", "bomb", "none"]
+
+
+def hostile_record_from(typ: type, kind: str, seed: int) -> tuple[bytes | None, Any, str]:
+    """(value, headers, kind) of a hostile record meant for ``typ``'s topic, from a seed."""
+    rng = random.Random(seed)
+    fmt = rng.choice(["json", "msgpack"])
+    if kind == "binary":
+        value = rng.randbytes(rng.choice([0, 1, 8, rng.randint(0, 400)]))
+    elif kind == "shaped":
+        keys = tuple(typ.__struct_fields__) + ("type", "texts", "lanes", "timings")
+        value = json_from_seed(seed, fmt == "msgpack", keys)
+    elif kind == "mutated":
+        value, fmt = _mutated(typ, seed)
+    elif kind == "damaged":
+        value = damage(codec_for(typ).encode(BUILDERS[typ](rng, True), fmt), rng)
+    elif kind == "deep":
+        depth = rng.choice([1_000, 10_000, 200_000, rng.randint(1, 20_000)])
+        nested = deep_value(depth, rng.random() < 0.5)
+        value = nested.json if fmt == "json" else nested.mp
+    elif kind == "bomb":
+        value, fmt = rng.choice(BOMBS), "msgpack"
+    else:
+        value = None
+    return value, headers_from(rng, fmt), kind
+
+
+_HOSTILE_RECORDS = {
+    t: st.tuples(st.sampled_from(_KINDS), _SEEDS).map(
+        lambda ks, t=t: hostile_record_from(t, *ks))
+    for t in (AdmittedRequest, Batch, WorkerEvent, SchedulerState)
+}
+
+
+def hostile_record(typ: type) -> st.SearchStrategy[tuple[bytes | None, Any, str]]:
+    """(value, headers, label) of a hostile record meant for ``typ``'s topic."""
+    return _HOSTILE_RECORDS[typ]
+
+
+def _valid_record(typ: type, seed: int) -> tuple[Any, bytes, list, str]:
+    rng = random.Random(seed)
+    fmt = rng.choice(["json", "msgpack"])
+    msg = BUILDERS[typ](rng, fmt == "json")  # JSON has no NaN or infinity
+    headers = [("content-type", b"application/json" if fmt == "json" else b"application/msgpack")]
+    return msg, codec_for(typ).encode(msg, fmt), headers, fmt
+
+
+def check_decoder(typ: type, value: bytes | None, headers: Any) -> Any:
+    """Decode as a consumer of ``typ``'s topic does: a ``typ`` or DecodeError, nothing else;
+    whatever it accepts re-encodes to itself."""
+    codec = codec_for(typ)
+    try:
+        msg = codec.decode_record(value, headers, max_bytes=1 << 20)
+    except DecodeError as e:
+        assert e.reason in ("empty", "too_large", "malformed", "invalid", "bad_content_type")
+        event("DecodeError")
+        return None
+    assert type(msg) is typ
+    again = codec.encode(msg)
+    assert codec.encode(codec.decode(again)) == again
+    event("decoded")
+    return msg
+
+
+def _round_trip(typ: type, seed: int) -> Any:
+    msg, data, headers, fmt = _valid_record(typ, seed)
+    back = codec_for(typ).decode_record(data, headers)
+    # Bytes, not ==: NaN != NaN, yet a NaN that comes back is a correct round trip.
+    assert codec_for(typ).encode(back, fmt) == data, (msg, back)
+    return back
+
+
+_DECODER_TYPES = [AdmittedRequest, Batch, WorkerEvent, SchedulerState]
+
+
+def _decoder_case_from(typ: type, kind: str, seed: int) -> tuple:
+    return ("valid", seed) if kind == "valid" else hostile_record_from(typ, kind, seed)
+
+
+def decoder_cases(typ: type) -> st.SearchStrategy[tuple]:
+    """A quarter valid messages (``("valid", seed)``), the rest hostile records of 7 kinds."""
+    kinds = st.sampled_from(_KINDS * 3 + ["valid"] * 7)
+    return st.tuples(kinds, _SEEDS).map(lambda ks: _decoder_case_from(typ, *ks))
+
+
+def _decoder_case(typ: type, case: tuple) -> None:
+    if case[0] == "valid":
+        _round_trip(typ, case[1])
+        event("valid")
+        return
+    value, headers, kind = case
+    event(kind)
+    check_decoder(typ, value, headers)
+
+
+@fuzz_settings()
+@given(case=decoder_cases(AdmittedRequest))
+def test_admitted_request_decoder_raises_only_decode_error_and_round_trips(case):
+    """AdmittedRequest (tier topics): any record decodes or raises DecodeError; valid ones round-trip."""
+    _decoder_case(AdmittedRequest, case)
+
+
+@fuzz_settings()
+@given(case=decoder_cases(Batch))
+def test_batch_decoder_raises_only_decode_error_and_round_trips(case):
+    """Batch (batch topics): any record decodes or raises DecodeError; valid ones round-trip."""
+    _decoder_case(Batch, case)
+
+
+@fuzz_settings()
+@given(case=decoder_cases(WorkerEvent))
+def test_worker_event_decoder_raises_only_decode_error_and_round_trips(case):
+    """WorkerEvent: any record decodes or raises DecodeError; valid ones round-trip."""
+    _decoder_case(WorkerEvent, case)
+
+
+@fuzz_settings()
+@given(case=decoder_cases(SchedulerState))
+def test_scheduler_state_decoder_raises_only_decode_error_and_round_trips(case):
+    """SchedulerState: any record decodes or raises DecodeError; valid ones round-trip."""
+    _decoder_case(SchedulerState, case)
+
+
+@pytest.mark.parametrize("typ", _DECODER_TYPES)
+@pytest.mark.parametrize("value", [*BOMBS, b"[" * 200_000, b'{"a":' * 200_000, b"\x91" * 200_000,
+                                   b"", None, b"\xc1", b"null", b"x" * (2 << 20)])
+def test_fixed_hostile_records_raise_decode_error(typ, value):
+    """Bombs, 200,000-level nesting, an unused msgpack byte, null and 2 MiB of junk: DecodeError."""
+    for headers in (None, [("content-type", b"application/msgpack")]):
+        with pytest.raises(DecodeError):
+            codec_for(typ).decode_record(value, headers, max_bytes=1 << 20)
+
+
+# -- the worker: a decoded batch in, one result per request out -----------------------------
+
+
+class _Exploding(FakeEmbedder):
+    """A fake model that raises on texts containing BOOM (and its tokenizer on TOKBOOM)."""
+
+    def token_lengths(self, texts):
+        if any("TOKBOOM" in t for t in texts):
+            raise RuntimeError("tokenizer exploded")
+        return super().token_lengths(texts)
+
+    def encode(self, texts, *, lengths=None):
+        if any("BOOM" in t for t in texts):
+            raise ValueError("model exploded")
+        return super().encode(texts, lengths=lengths)
+
+
+async def _direct(fn, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+_LOOP = asyncio.new_event_loop()
+_EXECUTORS = {
+    "embed": BatchExecutor(_Exploding(), "embed", worker="w", max_padded_tokens=64, max_size=4,
+                           run_in_thread=_direct),
+    "rerank": BatchExecutor(CosineReranker(_Exploding()), "rerank", worker="w",
+                            max_padded_tokens=64, max_size=4, run_in_thread=_direct),
+}
+
+
+def _poisoned_batch(rng: random.Random) -> Batch:
+    """A batch that passes the schema but carries every kind of trouble."""
+    reqs = []
+    for _ in range(rng.randint(0, 6)):
+        r = admitted_from(rng)
+        poison = rng.choice(["none", "boom", "tokboom", "empty", "long", "many", "dup"])
+        texts = r.input.texts if isinstance(r.input, EmbedInput) else r.input.documents
+        if poison == "boom":
+            texts[rng.randrange(len(texts))] += " BOOM"
+        elif poison == "tokboom":
+            texts[rng.randrange(len(texts))] += " TOKBOOM"
+        elif poison == "empty":
+            texts[:] = [""] * len(texts)
+        elif poison == "long":
+            texts[0] = " ".join(["w"] * rng.choice([300, 3_000]))
+        elif poison == "many":
+            texts.extend(["a b"] * 150)
+        elif poison == "dup" and reqs:
+            r = reqs[-1]
+        # Far from now either way, so that expiry is decided by the data, not the clock.
+        r = msgspec.structs.replace(r, deadline_at_ms=rng.choice([None, 1, NOW_MS * 10]))
+        reqs.append(r)
+    return Batch(id=_text(rng, 10), endpoint="embed", requests=reqs, tokens=_int64(rng),
+                 created_ms=NOW_MS)
+
+
+async def _serve_all(executor: BatchExecutor, batch: Batch) -> list:
+    out = []
+    async for done in executor.serve(batch):
+        out.extend(done)
+    return out
+
+
+@fuzz_settings(5_000)
+@given(seed=_SEEDS, kind=st.sampled_from(["embed", "rerank"]), record=hostile_record(Batch))
+def test_worker_answers_every_request_of_any_decodable_batch_once(seed, kind, record):
+    """A poisoned batch yields one terminal result per request; failures stay with their request."""
+    value, headers, _ = record
+    decoded = check_decoder(Batch, value, headers)
+    batch = decoded if decoded is not None and random.Random(seed).random() < 0.3 \
+        else _poisoned_batch(random.Random(seed))
+    served = _LOOP.run_until_complete(_serve_all(_EXECUTORS[kind], batch))
+    # One result per request, in any order (a duplicated request answers twice).
+    assert Counter(id(s.request) for s in served) == Counter(id(r) for r in batch.requests)
+    for s in served:
+        req, res = s.request, s.result
+        assert res.id == req.id and res.status in TERMINAL_STATUSES
+        event(res.status)
+        texts = req.input.texts if isinstance(req.input, EmbedInput) else req.input.documents
+        kind_ok = (kind == "embed") == isinstance(req.input, EmbedInput)
+        expired = req.deadline_at_ms is not None and req.deadline_at_ms <= time.time() * 1000
+        boom = any("BOOM" in t for t in texts) or (
+            isinstance(req.input, RerankInput) and "BOOM" in req.input.query)
+        if expired:
+            assert res.status == "expired"
+        elif not kind_ok:
+            assert res.status == "invalid"
+        elif boom:
+            assert res.status == "failed", res  # contained: only its own request fails
+        else:
+            assert res.status == "ok", res
+        if res.status == "ok" and res.embeddings is not None:
+            assert len(res.embeddings) == len(texts)
+            assert np.isfinite(np.asarray(res.embeddings, dtype=np.float64)).all()
+        if res.status == "ok" and res.scores is not None:
+            assert len(res.scores) == len(texts)
+            top_n = req.input.top_n or len(texts)
+            assert sorted(res.ranking) == sorted(set(res.ranking))
+            assert len(res.ranking) == min(top_n, len(texts))
+        # The sender can read it: the result round-trips in the request's encoding.
+        fmt = req.reply_format
+        assert codec_for(Result).decode(codec_for(Result).encode(res, fmt), fmt) == res
+
+
+# -- the scheduler: tier records in, held / duplicate / dead letter out ---------------------
+
+
+class _FakeProducer:
+    """Records what the intake would write; every write succeeds."""
+
+    def __init__(self):
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def send_and_wait(self, topic, value=None, key=None, headers=None, partition=None):
+        self.sent.append((topic, value))
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextmanager
+def _within(seconds: float):
+    """Fail, instead of hanging the suite, if the block runs longer than ``seconds``."""
+    def alarm(signum, frame):
+        raise _Timeout(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+_METRICS = SchedulerMetrics(CollectorRegistry())
+_LEGAL_TOPIC = __import__("re").compile(r"[A-Za-z0-9._\-]{1,249}")
+
+
+def _tier_record(value: bytes | None, headers, offset: int) -> ConsumerRecord:
+    return ConsumerRecord(topic=TOPICS.tier("free"), partition=0, offset=offset, timestamp=NOW_MS,
+                          timestamp_type=0, key=b"org", value=value, checksum=None,
+                          serialized_key_size=3, serialized_value_size=len(value or b""),
+                          headers=headers or [])
+
+
+def _tier_record_from(kind: int, seed: int) -> tuple[bytes | None, Any]:
+    rng = random.Random(seed)
+    if kind == 0:  # any hostile record
+        value, headers, _ = hostile_record_from(AdmittedRequest, rng.choice(_KINDS), seed)
+        return value, headers
+    req = admitted_from(rng)
+    if rng.random() < 0.5:  # a plausible one: known endpoint, modest tokens
+        req = msgspec.structs.replace(req, endpoint=rng.choice(["embed", "rerank"]),
+                                      tokens=rng.randint(1, 20))
+    fmt = rng.choice(["json", "msgpack"])
+    headers = [("content-type", b"application/msgpack")] if fmt == "msgpack" else None
+    if kind == 1:
+        return codec_for(AdmittedRequest).encode(req, fmt), headers
+    # Unreadable, but with an id and a reply address under the prefix that is not a
+    # legal topic name: the sender may be answered, never on that "topic".
+    plain = msgspec.to_builtins(req)
+    plain["reply_to"] = TOPICS.reply_prefix(CONFIG) + rng.choice(EVIL_STRINGS[1:])
+    plain["tokens"] = 0
+    return _encode(plain, fmt), headers
+
+
+_TIER_RECORDS = st.lists(st.tuples(st.integers(0, 2), _SEEDS).map(
+    lambda ks: _tier_record_from(*ks)), min_size=1, max_size=4)
+
+
+def tier_records() -> st.SearchStrategy[list[tuple[bytes | None, Any]]]:
+    """1-4 tier records: hostile, admitted-shaped, or unreadable with an illegal reply_to."""
+    return _TIER_RECORDS
+
+
+class _Quiet:
+    """A logger that drops everything: thousands of dead letters need no lines here."""
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+@contextmanager
+def _quiet(module):
+    saved, module.log = module.log, _Quiet()
+    try:
+        yield
+    finally:
+        module.log = saved
+
+
+@fuzz_settings(4_000)
+@given(records=tier_records())
+def test_scheduler_intake_survives_any_tier_record(records):
+    """Tier records are held, duplicates or dead letters; no illegal send; the core still answers."""
+    with _quiet(intake_module):
+        _intake_property(records)
+
+
+def _intake_property(records):
+    core = Scheduler(CONFIG)
+    producer = _FakeProducer()
+    intake = TierIntake(CONFIG, TOPICS, core, Backlog(), _METRICS, Counter(), asyncio.Event())
+    intake._producer = producer
+    allowed_reply = TOPICS.reply_prefix(CONFIG)
+    for offset, (value, headers) in enumerate(records):
+        before = (core.held, len(producer.sent))
+        _LOOP.run_until_complete(intake._take((TOPICS.tier("free"), 0),
+                                              _tier_record(value, headers, offset)))
+        held, sends = core.held - before[0], len(producer.sent) - before[1]
+        dead = [t for t, _ in producer.sent[before[1]:] if t == TOPICS.dead_letters]
+        assert (held, len(dead)) in ((1, 0), (0, 1), (0, 0)), (held, producer.sent)
+        event("held" if held else "dead letter" if dead else "duplicate")
+        for topic, _ in producer.sent[before[1]:]:
+            assert _LEGAL_TOPIC.fullmatch(topic), topic
+            assert topic == TOPICS.dead_letters or topic == TOPICS.results \
+                or (topic.startswith(allowed_reply) and len(topic) > len(allowed_reply)), topic
+        assert sends <= 2
+    now = time.time()
+    with _within(2.0):
+        for endpoint in list(core.lanes):
+            while core.lanes[endpoint].held:
+                d = core.next_batch(endpoint, now)
+                assert d.batch or d.expired
+                for e in d.batch:
+                    assert e.tokens <= CONFIG.endpoints[endpoint].max_request_tokens
+
+
+# -- the scheduler: worker events in -----------------------------------------------------------
+
+
+@fuzz_settings(4_000)
+@given(seeds=st.lists(_SEEDS, min_size=1, max_size=6), record=hostile_record(WorkerEvent))
+def test_worker_events_never_break_slots_or_costs(seeds, record):
+    """Any decodable events keep slots non-negative, claims on announced partitions, costs finite."""
+    flow = FlowControl(CONFIG.service.worker_timeout_ms)
+    core = Scheduler(CONFIG)
+    rates = ServiceRate()
+    now_ms = float(NOW_MS)
+    events = [event_from(random.Random(s), finite=False) for s in seeds]
+    decoded = check_decoder(WorkerEvent, *record[:2])
+    if decoded is not None:
+        events.append(decoded)
+    for ev in events:
+        flow.observe(ev, now_ms)
+        if ev.kind == "batch_done":
+            if ev.timings and ev.endpoint in core.lanes:
+                core.feedback(ev.endpoint, [(t.org, t.tokens, t.seconds) for t in ev.timings])
+            rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000)
+        for endpoint in CONFIG.endpoints:
+            claim = flow.claim(endpoint)
+            if claim is not None:
+                w = flow.workers[claim.worker]
+                assert claim.partition in w.partitions and w.free >= 0
+                flow.sent(claim.worker, f"b{now_ms}", now_ms)
+        flow.expire(now_ms)
+        now_ms += 100
+    total = rates.total(list(flow.workers))
+    assert not math.isnan(total) and total >= 0
+    lane = core.lanes["rerank"]
+    for org in ("acme", "trial", "x"):
+        ratio = lane.cost.ratio(org)
+        assert math.isfinite(ratio) and 0.25 <= ratio <= 4.0
+
+
+# -- admission: scheduler snapshots in, decisions out ----------------------------------------
+
+_COUNTER = load_token_counter("fake")
+_GOOD = (b'{"id": "r-1", "org": "%s", "endpoint": "%s", "input": %s}')
+_INPUTS = {"embed": b'{"type": "embed", "texts": ["hello world"]}',
+           "rerank": b'{"type": "rerank", "query": "q", "documents": ["d"]}'}
+
+
+@fuzz_settings(4_000)
+@given(seeds=st.lists(_SEEDS, min_size=1, max_size=3), record=hostile_record(SchedulerState),
+       org=st.sampled_from(["acme", "bulk", "trial"]),
+       endpoint=st.sampled_from(["embed", "rerank"]), fmt=st.sampled_from(["json", "msgpack"]))
+def test_no_scheduler_snapshot_makes_admission_fail_a_request(seeds, record, org, endpoint, fmt):
+    """After any snapshots, admission still decides: admitted or refused with a sane retry-after."""
+    throttle = ThrottleState()
+    states = [state_from(random.Random(s), finite=False) for s in seeds]
+    decoded = check_decoder(SchedulerState, *record[:2])
+    if decoded is not None:
+        states.append(decoded)
+    for state in states:
+        throttle.observe(state, NOW_MS)
+    value = _GOOD % (org.encode(), endpoint.encode(), _INPUTS[endpoint])
+    headers = None
+    if fmt == "msgpack":
+        value = msgspec.msgpack.encode(msgspec.json.decode(value))
+        headers = [("content-type", b"application/msgpack")]
+    out = decide(value, headers, NOW_MS, CONFIG, RateLimiter(CONFIG), throttle, _COUNTER, NOW_MS)
+    assert not isinstance(out, DeadLetterReason), out
+    if isinstance(out, Refused):
+        event(out.result.reason)
+        r = out.result.retry_after_ms
+        assert r is None or (isinstance(r, int) and r >= 1), r
+        assert allowed_reply_topic(out.reply_to)
+        # The service must be able to write it: msgpack holds no int beyond 64 bits.
+        codec_for(Result).encode(out.result, out.reply_format)
+    else:
+        assert isinstance(out, Admitted)
+        event("admitted")
