@@ -506,19 +506,23 @@ def test_an_org_emptied_by_expiry_in_its_turn_rejoins_behind_its_peers(setup, rn
     for org in peers:
         s.push(ENDPOINT, peer_request(org))
     served_mine = 0
-    while served_mine < k:  # until my last servable request has just left: I had the turn
+    for _ in range(100_000):  # until my last servable request has just left: I had the turn
+        if served_mine == k:
+            break
         [e] = s.next_batch(ENDPOINT, 0.0).batch
         if e.org == me:
             served_mine += 1
         else:
             s.push(ENDPOINT, peer_request(e.org))  # peers stay backlogged
+    assert served_mine == k
     assert {e.org for e in s.expire(1.0)} == {me}
     s.push(ENDPOINT, Entry("back", me, "t0", 1))
     waiting = set(peers)
-    while waiting:
+    for _ in range(len(peers)):  # each held one request: one selection each, peers first
         [e] = s.next_batch(ENDPOINT, 1.0).batch
         assert e.org != me, f"{me} served again before {sorted(waiting)}"
         waiting.discard(e.org)
+    assert not waiting
 
 
 # ----------------------------------------------------------------------------- backlogs
@@ -734,7 +738,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def teardown(self):
         if hasattr(self, "s"):  # whatever is left still leaves, once
             for ep in self.ENDPOINTS:
-                while self.s.lanes[ep].held:
+                for _ in range(10_000):
+                    if not self.s.lanes[ep].held:
+                        break
                     self.dispatch(ep)
             assert self.s.held == 0 == len(self.held)
 
