@@ -14,7 +14,9 @@ least 1.3x the tokens/s of fixed-size unsorted batches on mixed lengths.
   (:class:`plumbing.stack.Stack`, in this process, sharing the *same* loaded
   model object); from the first send to the last result produced. The
   worker's own model time (the sum of its micro-batch times) is printed
-  too, to split the gap into model and pipeline.
+  too, and the same model calls are then made again alone in this process
+  (no Kafka, nothing else running) to split the gap into the batch shapes
+  the pipeline gives the model and the pipeline around the model.
 
 Tokens are real tokens, capped at the model's 256, the same count for both.
 Texts of 8..256 tokens (uniform), made by ``bench/batching.py``'s
@@ -87,6 +89,17 @@ class _SharedModelStack(Stack):
         return {"embed": self._model_object}
 
 
+def _timed(fn, *args, **kwargs) -> float:
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    return time.perf_counter() - start
+
+
+def _encode_calls(encode, calls: list[tuple[list[str], list[int]]]) -> None:
+    for texts, lengths in calls:
+        encode(texts, lengths=lengths)
+
+
 async def pipeline_round(kafka, config: Config, texts: list[str]) -> tuple[float, float]:
     """Seconds from the first send to the last result, and the worker's model seconds."""
     items = [ReplayItem(ts=0.0, tokens=0, request=Request(
@@ -121,6 +134,7 @@ async def amain(args: argparse.Namespace) -> dict:
     limit = embedder.max_seq_length
     model_seconds: list[float] = []
     padded: list[int] = []
+    calls: list[tuple[list[str], list[int]]] = []  # the worker's model calls, as made
     original_encode = embedder.encode
 
     def timed_encode(batch, *, lengths=None):
@@ -131,6 +145,7 @@ async def amain(args: argparse.Namespace) -> dict:
             model_seconds.append(time.perf_counter() - start)
             ks = lengths if lengths is not None else embedder.token_lengths(batch)
             padded.append(len(ks) * min(max(ks), limit))
+            calls.append((list(batch), list(ks)))
 
     kafka = settings_from_args(args)
     embedded = kafka.bootstrap is None
@@ -138,6 +153,7 @@ async def amain(args: argparse.Namespace) -> dict:
     pipe_s: list[float] = []
     model_s: list[float] = []
     worker_padded: list[int] = []
+    alone_s: list[float] = []
     async with kafka_endpoint(kafka) as bootstrap:
         kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
         if embedded:
@@ -149,12 +165,13 @@ async def amain(args: argparse.Namespace) -> dict:
             async with _SharedModelStack(config, kafka, endpoints=["embed"],
                                          model_object=embedder):
                 for _ in range(args.repeat):
-                    start = time.perf_counter()
-                    embedder.model.encode(texts, batch_size=args.batch_size,
-                                          show_progress_bar=False)
-                    encode_s.append(time.perf_counter() - start)
+                    # In a thread: the services' heartbeats must go on meanwhile.
+                    encode_s.append(await asyncio.to_thread(
+                        _timed, embedder.model.encode, texts, batch_size=args.batch_size,
+                        show_progress_bar=False))
                     model_seconds.clear()
                     padded.clear()
+                    calls.clear()
                     embedder.encode = timed_encode
                     try:
                         seconds, _ = await pipeline_round(kafka, config, texts)
@@ -163,6 +180,10 @@ async def amain(args: argparse.Namespace) -> dict:
                     pipe_s.append(seconds)
                     model_s.append(sum(model_seconds))
                     worker_padded.append(sum(padded))
+                    # The same model calls again, alone in this process: the batch
+                    # shapes' cost without the pipeline around them.
+                    alone_s.append(await asyncio.to_thread(
+                        _timed, _encode_calls, original_encode, list(calls)))
         finally:
             await delete_topics(kafka, await describe_topics(kafka, prefix))
     enc_tps = real / min(encode_s)
@@ -177,8 +198,13 @@ async def amain(args: argparse.Namespace) -> dict:
     print(f"{'SentenceTransformer.encode, one process':<46}{min(encode_s):>9.2f}{enc_tps:>10,.0f}")
     print(f"{'pipeline end to end (MiniLM worker)':<46}{min(pipe_s):>9.2f}{pipe_tps:>10,.0f}")
     print(f"{'  of which the worker model busy':<46}{model_s[best]:>9.2f}{model_tps:>10,.0f}")
+    print(f"{'the worker model calls again, alone':<46}{min(alone_s):>9.2f}"
+          f"{real / min(alone_s):>10,.0f}")
     print(f"padding (padded / real tokens): encode {encode_padded / real:.2f}x, worker "
           f"{worker_padded[best] / real:.2f}x ({len(model_seconds)} model calls)")
+    shape = (real / min(alone_s)) / enc_tps
+    print(f"split of the ratio: batch shapes (calls alone / encode) {shape:.2f} x pipeline "
+          f"around them (pipeline / calls alone) {ratio / shape:.2f}")
     print(f"ratio pipeline / encode: {ratio:.2f} (target >= 0.85: "
           f"{'met' if ratio >= 0.85 else 'NOT met'}); rounds encode "
           f"{', '.join(f'{x:.2f}' for x in encode_s)} s, pipeline "
@@ -186,6 +212,7 @@ async def amain(args: argparse.Namespace) -> dict:
     return {"texts": n, "real_tokens": real, "encode_s": encode_s, "pipeline_s": pipe_s,
             "model_s": model_s, "encode_tps": enc_tps, "pipeline_tps": pipe_tps,
             "model_tps": model_tps, "ratio": ratio, "encode_padding": encode_padded / real,
+            "alone_s": alone_s, "alone_tps": real / min(alone_s), "shape_ratio": shape,
             "worker_padding": worker_padded[best] / real}
 
 
