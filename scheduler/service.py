@@ -456,7 +456,7 @@ class SchedulerService:
                         self.metrics.failures.labels("bad_worker_event").inc()
                         log.warning("worker_event_invalid", offset=rec.offset, error=str(e)[:300])
                         continue
-                    self._observe(ev, now_ms)
+                    self._observe(await self._existing_partitions(ev), now_ms)
             if batches:
                 self._wake.set()
 
@@ -469,6 +469,31 @@ class SchedulerService:
                 lag = await consumer_lag(consumer, consumer.assignment())
                 self.metrics.events_lag.set(sum(lag.values()))
             await asyncio.sleep(1.0)
+
+    async def _existing_partitions(self, ev: WorkerEvent) -> WorkerEvent:
+        """``ev`` without the partitions its batch topic does not have.
+
+        The producer asserts that a partition it is given exists (an
+        AssertionError, not a KafkaError): one batch sent to a partition a
+        worker merely claimed (99, -1) stopped dispatch and the scheduler with
+        it. An unknown partition also asks for fresh metadata, so one added to
+        the topic since is taken from the worker's next event.
+        """
+        if not ev.partitions or ev.endpoint not in self.core.lanes:
+            return ev  # no lane, no claim: nothing is ever sent for it
+        try:
+            known = await self._producer.partitions_for(self.topics.batches(ev.endpoint))
+        except KafkaError:
+            known = set()
+        kept = [p for p in ev.partitions if p in known]
+        if len(kept) == len(ev.partitions):
+            return ev
+        self.metrics.failures.labels("unknown_partition").inc()
+        log.warning("worker_partitions_unknown", worker=ev.worker, endpoint=ev.endpoint,
+                    unknown=[p for p in ev.partitions if p not in known][:10])
+        refresh = self._producer.client.force_metadata_update()
+        refresh.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return msgspec.structs.replace(ev, partitions=kept)
 
     def _observe(self, ev: WorkerEvent, now_ms: float) -> None:
         obs = self.flow.observe(ev, now_ms)
