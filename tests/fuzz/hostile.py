@@ -41,6 +41,7 @@ __all__ = [
     "NOW_MS",
     "REPLY_PREFIX",
     "RESULTS",
+    "BurstRecord",
     "Case",
     "Expect",
     "Value",
@@ -52,6 +53,7 @@ __all__ = [
     "fuzz_cases",
     "fuzz_settings",
     "headers_from",
+    "hostile_burst",
     "hostile_bytes",
     "hostile_headers",
     "hostile_headers_from",
@@ -982,3 +984,133 @@ def hostile_bytes() -> st.SearchStrategy[bytes | None]:
             lambda n: b'{"id": "r-1", "x": "' + b"a" * n + b'"}'),
         valid_case().map(lambda c: c.value),
     )
+
+
+# -- a deterministic burst, for the integration test --------------------------------------
+
+
+class BurstRecord(NamedTuple):
+    """One ingress record of a burst and what admission must make of it."""
+
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] | None
+    label: str
+    #: The request id an answer would carry (None: no id can be read).
+    rid: str | None
+    good: bool = False
+    #: Must be dead-lettered; must get an ``invalid`` result (on ``answer_to``).
+    dead: bool = False
+    answered: bool = False
+    answer_to: str | None = None
+
+
+#: label -> (fields to set, or a callable on the request dict; dead; answered). The
+#: dict is a valid acme/embed request whose id is "bad-<n>".
+_BURST_FAULTS: dict[str, tuple[Any, bool, bool]] = {
+    "unknown_org": ({"org": "nobody"}, False, True),
+    "claimed_tier": ({"tier": "enterprise"}, False, True),
+    "claimed_weight": ({"weight": 1000.0}, False, True),
+    "priority_above_cap": ({"org": "trial", "priority": 3}, False, True),
+    "unknown_endpoint": ({"endpoint": "generate"}, False, True),
+    "input_kind_mismatch": ({"input": {"type": "rerank", "query": "q", "documents": ["d"]}},
+                            False, True),
+    "too_many_texts": ({"input": {"type": "embed", "texts": ["a"] * 9}}, False, True),
+    "text_too_long": ({"input": {"type": "embed", "texts": ["x" * 51]}}, False, True),
+    "too_many_tokens": ({"input": {"type": "embed", "texts": ["w " * 21]}}, False, True),
+    "message_too_large": ({"padding": "p" * 3000}, False, True),
+    "missing_input": (lambda d: d.pop("input"), True, True),
+    "bad_priority_type": ({"priority": "high"}, True, True),
+    "huge_top_n": ({"endpoint": "rerank", "input": {"type": "rerank", "query": "q",
+                                                    "documents": ["d"], "top_n": 10**30}},
+                   True, True),
+    "trailing_newline_org": ({"org": "acme\n"}, True, True),
+    "bad_id": ({"id": "bad id/../\u00fc"}, True, False),
+}
+
+
+def hostile_burst(prefix: str, count: int, seed: int, *, good_every: int = 10,
+                  reply_topic: str | None = None) -> list[BurstRecord]:
+    """``count`` hostile ingress records with a good one every ``good_every``, for a
+    deployment with ``topic_prefix = prefix`` and the registry of tests/admission_setup.
+    Deterministic for a given seed."""
+    topics = Topics(prefix)
+    reply_prefix = f"{prefix}replies."
+    rng = random.Random(seed)
+    out: list[BurstRecord] = []
+    n_bad = 0
+    while n_bad < count:
+        if good_every and len(out) % good_every == 0:
+            rid = f"good-{len(out)}"
+            out.append(BurstRecord(msgspec.json.encode(
+                {"id": rid, "org": "acme", "endpoint": "embed",
+                 "input": {"type": "embed", "texts": ["hello world"]}}), None, "good", rid,
+                good=True))
+            continue
+        rid = f"bad-{n_bad}"
+        n_bad += 1
+        base = {"id": rid, "org": "acme", "endpoint": "embed",
+                "input": {"type": "embed", "texts": ["hello world"]}}
+        reply = rng.choice([None, reply_topic]) if reply_topic else None
+        if reply:
+            base["reply_to"] = reply
+        answer_to = reply or topics.results
+        kind = rng.choice([*_BURST_FAULTS, "reply_outside_prefix", "illegal_reply_to",
+                           "bad_content_type", "non_ascii_content_type", "garbage",
+                           "deep_nesting", "msgpack_bomb", "truncated", "invalid_utf8",
+                           "nan_literal", "tombstone", "format_mismatch", "shaped",
+                           "damaged"])
+        if kind in _BURST_FAULTS:
+            change, is_dead, answered = _BURST_FAULTS[kind]
+            if callable(change):
+                change(base)
+            else:
+                base.update(change)
+            rec = BurstRecord(msgspec.json.encode(base), None, kind, rid, dead=is_dead,
+                              answered=answered, answer_to=answer_to)
+        elif kind == "reply_outside_prefix":
+            base["reply_to"] = rng.choice([topics.tier("enterprise"), topics.dead_letters,
+                                           topics.batches("embed"), "replies.x",
+                                           reply_prefix.rstrip(".")])
+            rec = BurstRecord(msgspec.json.encode(base), None, kind, rid, answered=True,
+                              answer_to=topics.results)
+        elif kind == "illegal_reply_to":
+            base["reply_to"] = reply_prefix + rng.choice(["\u00fc/../x", "a b", "x" * 300,
+                                                          "x\n"])
+            rec = BurstRecord(msgspec.json.encode(base), None, kind, rid, dead=True,
+                              answered=True, answer_to=topics.results)
+        elif kind in ("bad_content_type", "non_ascii_content_type"):
+            ct = rng.choice([b"text/xml", b"application/cbor"]) if kind == "bad_content_type" \
+                else rng.choice([b"\xff\xfe", b"application/j\xc3\xa9son"])
+            rec = BurstRecord(msgspec.json.encode(base), [("content-type", ct)], kind, rid,
+                              dead=True, answered=True, answer_to=answer_to)
+        elif kind == "garbage":
+            rec = BurstRecord(b"\xff" + rng.randbytes(rng.randint(0, 300)), None, kind, None,
+                              dead=True)
+        elif kind == "deep_nesting":
+            nested = deep_value(rng.choice([1_000, 10_000, 100_000]), rng.random() < 0.5)
+            rec = BurstRecord(nested.json, None, kind, None, dead=True)
+        elif kind == "msgpack_bomb":
+            rec = BurstRecord(rng.choice(BOMBS), [("content-type", b"application/msgpack")],
+                              kind, None, dead=True)
+        elif kind == "truncated":
+            data = msgspec.json.encode(base)
+            rec = BurstRecord(data[:rng.randint(0, len(data) - 1)], None, kind, None, dead=True)
+        elif kind == "invalid_utf8":
+            rec = BurstRecord(msgspec.json.encode(base).replace(b'"acme"', b'"ac\xffme"'), None,
+                              kind, None, dead=True)
+        elif kind == "nan_literal":
+            rec = BurstRecord(msgspec.json.encode(base)[:-1] + b', "priority": NaN}', None, kind,
+                              None, dead=True)
+        elif kind == "tombstone":
+            rec = BurstRecord(None, None, kind, None, dead=True)
+        elif kind == "format_mismatch":
+            rec = BurstRecord(msgspec.msgpack.encode(base), None, kind, None, dead=True)
+        else:
+            # Request-shaped values with hostile leaves, or a valid request damaged at
+            # the byte level, behind a byte no JSON starts with: whatever they would
+            # have decoded to (checked by the fuzz tests), here they are dead letters.
+            data = json_from_seed(rng.getrandbits(64), False) if kind == "shaped" else \
+                damage(msgspec.json.encode(base), rng)
+            rec = BurstRecord(b"\xff" + data, None, kind, None, dead=True)
+        out.append(rec)
+    return out
