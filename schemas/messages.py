@@ -259,7 +259,9 @@ class LeaderClaim(Message, kw_only=True):
     """
 
     instance: str
-    epoch: Annotated[int, Meta(ge=1)]
+    #: At most 2**62: the next leader goes one higher, and an epoch must stay an
+    #: int64 (Batch.epoch, and the '>q' of the leader group's join metadata).
+    epoch: Annotated[int, Meta(ge=1, le=2**62)]
     sent_ms: EpochMs
 
 

@@ -488,3 +488,20 @@ def test_no_scheduler_snapshot_makes_admission_fail_a_request(seeds, record, org
     else:
         assert isinstance(out, Admitted)
         event("admitted")
+
+
+@pytest.mark.parametrize("epoch", [2**62 + 1, 2**63 - 1, 2**64 - 1, 10**30])
+def test_a_leader_claim_cannot_push_the_epoch_out_of_int64(epoch):
+    """A forged claim beyond 2**62 is undecodable, so the next epoch still packs as '>q'."""
+    from scheduler.leader import next_epoch
+    from schemas.messages import LeaderClaim
+
+    value = msgspec.json.encode({"instance": "x", "epoch": epoch, "sent_ms": NOW_MS})
+    with pytest.raises(DecodeError):
+        codec_for(LeaderClaim).decode_record(value, None)
+    highest = codec_for(LeaderClaim).decode_record(
+        msgspec.json.encode({"instance": "x", "epoch": 2**62, "sent_ms": NOW_MS}), None).epoch
+    nxt = next_epoch(NOW_MS, highest)
+    __import__("struct").pack(">q", nxt)
+    assert codec_for(Batch).decode(codec_for(Batch).encode(
+        Batch(id="b", endpoint="embed", requests=[], tokens=0, created_ms=0, epoch=nxt))).epoch == nxt
