@@ -487,9 +487,9 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
     request still on its way cannot be chosen, and counting it would blame
     the scheduler for batches it assembled before the request existed for
     it; under load the hop is longer, so a set seen across fewer than
-    ``min_batches`` batches is listed but not taken as the run's index.
-    Cost is tokens. Returns the index of the set with the most served
-    tokens and the ten largest sets, as the simulator reports them.
+    ``min_batches`` batches is not counted. Cost is tokens. Returns the
+    index of the set with the most served tokens and the ten largest sets,
+    as the simulator reports them.
     """
     from scheduler.simulate import JainGroup
 
@@ -541,9 +541,9 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
                 g.batches += 1
                 for org in g.orgs:
                     g.served[org] += served.get((tier, org), 0.0)
-    ranked = sorted(groups.values(), key=lambda g: -sum(g.served.values()))
-    main = next((g for g in ranked if g.batches >= min_batches), None)
-    return (round(main.index, 6) if main else None), [g.to_json() for g in ranked[:10]]
+    ranked = [g for g in sorted(groups.values(), key=lambda g: -sum(g.served.values()))
+              if g.batches >= min_batches]
+    return (round(ranked[0].index, 6) if ranked else None), [g.to_json() for g in ranked[:10]]
 
 
 # -- the `replay` subcommand -------------------------------------------------------------
@@ -757,7 +757,8 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
     extra: dict[str, Any] = {"meta": meta, "jain_index": jain_index, "jain": groups,
                              "replay": st}
     if jain_index is None:
-        extra["jain_note"] = "no two orgs of one tier were seen backlogged together"
+        extra["jain_note"] = ("no two orgs of one tier were seen backlogged together across "
+                              "3 batches or more")
     summary = summarize(result.outcomes, **extra)
     intended = f"{st['intended_rate_rps']:,.1f}" if st["intended_rate_rps"] else "all at once"
     achieved = f"{st['achieved_rate_rps']:,.1f}" if st["achieved_rate_rps"] else "-"
