@@ -98,6 +98,8 @@ log = structlog.get_logger("scheduler")
 _batch_codec = codec_for(Batch)
 _event_codec = codec_for(WorkerEvent)
 _state_codec = codec_for(SchedulerState)
+#: Batch sizes remembered for the in-flight count: far more than slots in use.
+_SENT_TOKENS_KEPT = 4096
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
 
 
@@ -175,6 +177,8 @@ class SchedulerService:
         self._keeper: TopicKeeper | None = None
         self._intake_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
+        #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.
+        self._sent_tokens: dict[str, int] = {}
         self.totals = {"received": 0, "dispatched": 0, "batches": 0, "expired": 0,
                        "invalid": 0, "duplicates": 0}
         self.intake = TierIntake(config, self.topics, self.core, self.backlog, self.metrics,
@@ -500,7 +504,10 @@ class SchedulerService:
         if ev.kind == "batch_done":
             if ev.timings and ev.endpoint in self.core.lanes:
                 self.core.feedback(ev.endpoint, [(t.org, t.tokens, t.seconds) for t in ev.timings])
-            self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000)
+            ep = self.config.endpoints.get(ev.endpoint)
+            self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000,
+                               done_ms=ev.sent_ms, busy_after=bool(ev.in_flight),
+                               min_tokens=ep.max_batch_tokens // 2 if ep else 0)
         if not obs.accepted:
             return
         if obs.joined:
@@ -570,6 +577,9 @@ class SchedulerService:
                     epoch=self.epoch,
                 )
                 self.flow.sent(claim.worker, batch.id, now * 1000)
+                self._sent_tokens[batch.id] = batch.tokens
+                if len(self._sent_tokens) > _SENT_TOKENS_KEPT:
+                    del self._sent_tokens[next(iter(self._sent_tokens))]
                 for e in d.batch:
                     self.backlog.remove(endpoint, e.tier, e.org, e.tokens)
                 await self._send_batch(endpoint, claim.partition, batch, d.batch)
@@ -666,7 +676,9 @@ class SchedulerService:
                 endpoint, held_requests=st.held, held_tokens_by_tier=st.held_tokens_by_tier,
                 held_cost_by_tier=self.backlog.cost_by_tier(endpoint, cost_fn),
                 backlog=self.backlog, tokens_per_s=self.rates.total(w.worker for w in workers),
-                free_slots=free, workers=len(workers), top_orgs=self.settings.state_top_orgs)
+                free_slots=free, workers=len(workers), top_orgs=self.settings.state_top_orgs,
+                in_flight_tokens=self._in_flight_tokens(endpoint, workers),
+                batch_ms=self.rates.batch_seconds(w.worker for w in workers) * 1000)
             held_cost = lanes[endpoint].held_cost_by_tier
             for tier, n in st.held_by_tier.items():
                 m.held_requests.labels(endpoint, tier).set(n)
@@ -681,6 +693,20 @@ class SchedulerService:
         state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held,
                                epoch=self.epoch)
         self._spawn(self._send_state(state))
+
+    def _in_flight_tokens(self, endpoint: str, workers) -> int:
+        """Tokens of the batches outstanding at ``endpoint``'s workers (the throttle's due).
+
+        A batch this instance did not send (taken over from the previous
+        leader) counts as a full batch.
+        """
+        full = self.config.endpoints[endpoint].max_batch_tokens \
+            if endpoint in self.config.endpoints else 0
+        total = 0
+        for w in workers:
+            for batch_id in w.outstanding:
+                total += self._sent_tokens.get(batch_id, full)
+        return total
 
     def _cost_fn(self, endpoint: str):
         lane = self.core.lanes[endpoint]

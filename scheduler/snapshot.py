@@ -80,21 +80,60 @@ class Backlog:
 
 
 class ServiceRate:
-    """Tokens per second of each worker while busy: an EMA of its batch reports."""
+    """Tokens per second of each worker while busy: an EMA of its batch reports.
+
+    A batch's time is its model time, or, when the worker already had this
+    batch in hand at its previous report (so it worked without a pause in
+    between), the time between the two reports if that is longer: it adds
+    what the model time leaves out (publishing results, committing, the
+    gaps between micro-batches). The throttle divides a backlog by this
+    rate, and model time alone made it admit about 1.5x what it could serve
+    within the target (``bench/overload.py``).
+    """
 
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
         self._rate: dict[str, float] = {}
+        #: worker -> EMA of one batch's seconds (as measured for the rate)
+        self._batch_s: dict[str, float] = {}
+        #: worker -> (sent_ms of its last batch report, had a batch in hand then)
+        self._last: dict[str, tuple[float, bool]] = {}
 
-    def observe(self, worker: str, tokens: int, seconds: float) -> None:
-        if tokens <= 0 or not (seconds > 0.0) or seconds == float("inf"):
+    def observe(self, worker: str, tokens: int, seconds: float, *,
+                done_ms: float | None = None, busy_after: bool = False,
+                min_tokens: int = 0) -> None:
+        """One ``batch_done``: ``seconds`` of model time; ``done_ms`` its ``sent_ms``;
+        ``busy_after``: it listed another batch in hand (``in_flight``).
+
+        Batches under ``min_tokens`` do not move the rate: a small batch is
+        mostly fixed overhead, and a rate taken from it (a warm-up request:
+        ~20 tokens/s) would make the throttle refuse the next burst, which
+        full batches serve hundreds of times faster. Until a batch that size
+        has been seen the rate is unknown and the throttle stays off, which
+        is right for a system that has never been busy."""
+        if done_ms is not None:
+            prev = self._last.get(worker)
+            self._last[worker] = (done_ms, busy_after)
+            if prev is not None and prev[1] and done_ms > prev[0]:
+                seconds = max(seconds, (done_ms - prev[0]) / 1000)
+        if tokens <= 0 or tokens < min_tokens or not (seconds > 0.0) or seconds == float("inf"):
             return
+        b = self._batch_s.get(worker)
+        self._batch_s[worker] = seconds if b is None else (
+            (1 - self.alpha) * b + self.alpha * seconds)
         r = tokens / seconds
         prev = self._rate.get(worker)
         self._rate[worker] = r if prev is None else (1 - self.alpha) * prev + self.alpha * r
 
     def forget(self, worker: str) -> None:
         self._rate.pop(worker, None)
+        self._last.pop(worker, None)
+        self._batch_s.pop(worker, None)
+
+    def batch_seconds(self, workers: Iterable[str]) -> float:
+        """Mean batch time of ``workers`` measured so far (0 if none)."""
+        times = [self._batch_s[w] for w in workers if w in self._batch_s]
+        return sum(times) / len(times) if times else 0.0
 
     def total(self, workers: Iterable[str]) -> float:
         """Summed rate of ``workers`` (0 for a worker never measured)."""
@@ -112,6 +151,8 @@ def lane_state(
     free_slots: int,
     workers: int,
     top_orgs: int,
+    in_flight_tokens: int = 0,
+    batch_ms: float = 0.0,
 ) -> LaneState:
     """The snapshot of one lane for :class:`~schemas.messages.SchedulerState`."""
     return LaneState(
@@ -124,4 +165,6 @@ def lane_state(
         workers=workers,
         active_orgs_by_tier=backlog.active_orgs(endpoint),
         org_held_tokens=backlog.top_orgs(endpoint, top_orgs),
+        in_flight_tokens=in_flight_tokens,
+        batch_ms=batch_ms,
     )

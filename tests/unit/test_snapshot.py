@@ -42,3 +42,24 @@ def test_lane_state_lists_top_orgs():
                    free_slots=1, workers=1, top_orgs=2)
     assert s.active_orgs_by_tier == {"gold": 5}
     assert s.org_held_tokens == {"o4": 5, "o3": 4}
+
+
+def test_service_rate_counts_wall_time_of_back_to_back_batches():
+    """A worker busy without a pause is measured by the time between reports, not model time."""
+    r = ServiceRate(alpha=1.0)
+    r.observe("w", 1000, 0.5, done_ms=10_000, busy_after=True)
+    assert r.total(["w"]) == 2000  # first report: model time only
+    r.observe("w", 1000, 0.5, done_ms=10_800, busy_after=False)
+    assert r.total(["w"]) == 1250  # 0.8 s since the last report, which had it in hand
+    r.observe("w", 1000, 0.5, done_ms=15_000, busy_after=False)
+    assert r.total(["w"]) == 2000  # idle in between: model time
+
+
+def test_small_batches_do_not_set_the_rate():
+    """A batch under min_tokens (a warm-up request) leaves the rate unknown or unchanged."""
+    r = ServiceRate(alpha=1.0)
+    r.observe("w", 3, 0.15, min_tokens=512)
+    assert r.total(["w"]) == 0.0
+    r.observe("w", 1024, 0.25, min_tokens=512)
+    r.observe("w", 3, 0.15, min_tokens=512)
+    assert r.total(["w"]) == 1024 / 0.25
