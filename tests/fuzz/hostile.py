@@ -61,6 +61,7 @@ __all__ = [
     "json_like",
     "mutated_case",
     "random_value",
+    "raw_from_seed",
     "record_timestamps",
     "valid_case",
     "valid_request_id",
@@ -285,10 +286,7 @@ def bad_content_type_headers() -> st.SearchStrategy[list[tuple[str, bytes | None
 @functools.cache
 def hostile_headers() -> st.SearchStrategy[Any]:
     """Any headers at all: none, junk, None values, several content-types, non-ASCII."""
-    value = st.sampled_from([*_JSON_TYPES, *_MSGPACK_TYPES, *_BAD_TYPES, None]) | st.binary(
-        max_size=24)
-    key = st.sampled_from(_CT_KEYS + _OTHER_KEYS)
-    return st.none() | st.lists(st.tuples(key, value), max_size=3)
+    return _SEEDS.map(lambda seed: hostile_headers_from(random.Random(seed)))
 
 
 @functools.cache
@@ -969,21 +967,42 @@ def headers_from(rng: random.Random, fmt: str) -> list[tuple[str, bytes | None]]
     return _rng_headers(rng, fmt) if rng.random() < 0.7 else hostile_headers_from(rng)
 
 
+RAW_KINDS = ["none", "binary", "json-shaped", "msgpack-shaped", "damaged", "deep", "bomb",
+             "big", "valid"]
+
+
+def raw_from_seed(kind: str, seed: int) -> bytes | None:
+    """A record value of one of :data:`RAW_KINDS`, from a seed."""
+    rng = random.Random(seed)
+    if kind == "none":
+        return None
+    if kind == "binary":
+        return rng.randbytes(rng.choice([0, 1, 2, 8, rng.randint(0, 600)]))
+    if kind in ("json-shaped", "msgpack-shaped"):
+        return json_from_seed(seed, kind == "msgpack-shaped")
+    if kind == "damaged":
+        return _damaged_request(seed)
+    if kind == "deep":
+        nested = deep_value(rng.choice([10_000, 100_000, 200_000, rng.randint(1, 20_000)]),
+                            rng.random() < 0.5)
+        return nested.json if rng.random() < 0.5 else nested.mp
+    if kind == "bomb":
+        if rng.random() < 0.5:
+            return rng.choice(BOMBS)
+        return (rng.choice([b"\xdd", b"\xdf", b"\xdb", b"\xc6"])
+                + struct.pack(">I", rng.randint(1 << 20, 2**32 - 1))
+                + rng.randbytes(rng.randint(0, 16)))
+    if kind == "big":
+        n = rng.choice([2_001, 65_536, 1 << 20, 5_000_000, rng.randint(1, 100_000)])
+        return b'{"id": "r-1", "x": "' + b"a" * n + b'"}'
+    b = base_from_seed(seed)
+    return body(b.fields, b.fmt)
+
+
 @functools.cache
 def hostile_bytes() -> st.SearchStrategy[bytes | None]:
-    """Anything a producer could put in a record value."""
-    return st.one_of(
-        st.none(),
-        st.binary(max_size=600),
-        json_like(False),
-        json_like(True),
-        _SEEDS.map(_damaged_request),
-        deep_nesting(),
-        bombs(),
-        (st.sampled_from([2_001, 65_536, 1 << 20, 5_000_000]) | st.integers(1, 100_000)).map(
-            lambda n: b'{"id": "r-1", "x": "' + b"a" * n + b'"}'),
-        valid_case().map(lambda c: c.value),
-    )
+    """Anything a producer could put in a record value (two draws: a kind and a seed)."""
+    return st.tuples(st.sampled_from(RAW_KINDS), _SEEDS).map(lambda ks: raw_from_seed(*ks))
 
 
 # -- a deterministic burst, for the integration test --------------------------------------
