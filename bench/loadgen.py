@@ -40,6 +40,10 @@ class Outcome:
     sent_ms: int  # wall clock
     result: Result | None = None
     done_s: float | None = None
+    #: The load's ``phase`` when it was sent (a label the run sets).
+    phase: str = ""
+    #: When the submit was acknowledged (the client's own queueing before it).
+    submitted_s: float | None = None
 
     @property
     def latency_s(self) -> float | None:
@@ -69,7 +73,11 @@ def rss_mib(pid: int) -> float | None:
 
 @dataclass
 class Load:
-    """Sends ``rate`` requests a second from ``orgs`` in turn until :meth:`stop`."""
+    """Sends ``rate`` requests a second from ``orgs`` in turn until :meth:`stop`.
+
+    ``rate`` and ``phase`` may be changed while it runs; each request
+    remembers the phase it was sent in.
+    """
 
     client: object
     orgs: list[str]
@@ -78,6 +86,9 @@ class Load:
     words: int = 12
     texts: int = 1
     deadline_ms: int | None = None
+    #: Submits in flight at once: one at a time cannot reach a few hundred a second.
+    max_in_flight: int = 64
+    phase: str = ""
     sent: dict[str, Outcome] = field(default_factory=dict)
     submit_errors: Counter = field(default_factory=Counter)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -99,8 +110,9 @@ class Load:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
-    def missing(self) -> list[str]:
-        return [rid for rid, o in self.sent.items() if o.result is None]
+    def missing(self, phase: str | None = None) -> list[str]:
+        return [rid for rid, o in self.sent.items()
+                if o.result is None and (phase is None or o.phase == phase)]
 
     async def drain(self, timeout_s: float) -> bool:
         """Wait until every request sent has its result; False at the timeout."""
@@ -116,27 +128,44 @@ class Load:
                        for o in self.sent.values() if o.result is not None)
 
     async def _send(self) -> None:
-        start = time.monotonic()
+        due = time.monotonic()
         i = 0
         text = " ".join(["word"] * self.words)
-        while not self._stop.is_set():
-            due = start + i / self.rate
-            now = time.monotonic()
-            if due > now:
-                await asyncio.sleep(due - now)
-            org = self.orgs[i % len(self.orgs)]
-            rid = f"r{i}-{org}"
-            req = {"id": rid, "org": org, "endpoint": self.endpoint,
-                   "input": {"type": "embed", "texts": [f"{i} {text}"] * self.texts}}
-            if self.deadline_ms is not None:
-                req["deadline_ms"] = self.deadline_ms
-            self.sent[rid] = Outcome(org, time.monotonic(), int(time.time() * 1000))
-            try:
-                await self.client.submit(req)
-            except Exception as e:  # noqa: BLE001 - counted, the run goes on
-                self.submit_errors[type(e).__name__] += 1
-                del self.sent[rid]
-            i += 1
+        slots = asyncio.Semaphore(self.max_in_flight)
+        pending: set[asyncio.Task] = set()
+        try:
+            while not self._stop.is_set():
+                due += 1 / self.rate
+                now = time.monotonic()
+                if due > now:
+                    await asyncio.sleep(due - now)
+                org = self.orgs[i % len(self.orgs)]
+                rid = f"r{i}-{org}"
+                req = {"id": rid, "org": org, "endpoint": self.endpoint,
+                       "input": {"type": "embed", "texts": [f"{i} {text}"] * self.texts}}
+                if self.deadline_ms is not None:
+                    req["deadline_ms"] = self.deadline_ms
+                self.sent[rid] = Outcome(org, time.monotonic(), int(time.time() * 1000),
+                                         phase=self.phase)
+                await slots.acquire()
+                t = asyncio.create_task(self._submit(rid, req, slots))
+                pending.add(t)
+                t.add_done_callback(pending.discard)
+                i += 1
+        finally:
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _submit(self, rid: str, req: dict, slots: asyncio.Semaphore) -> None:
+        try:
+            await self.client.submit(req)
+            if (o := self.sent.get(rid)) is not None:
+                o.submitted_s = time.monotonic()
+        except Exception as e:  # noqa: BLE001 - counted, the run goes on
+            self.submit_errors[type(e).__name__] += 1
+            self.sent.pop(rid, None)
+        finally:
+            slots.release()
 
     async def _collect(self) -> None:
         async for res in self.client.results():

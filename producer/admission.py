@@ -282,13 +282,17 @@ def _decide(
     throttle = throttle_state.check_throttle(
         config, endpoint=req.endpoint, tier=org.tier, org=req.org, tokens=tokens,
         now_ms=now_ms, deadline_at_ms=deadline_at_ms,
+        # Only a created_ms the sender stamped (the client library does): a
+        # record timestamp may come from any clock, or none.
+        waited_ms=now_ms - req.created_ms if req.created_ms is not None else 0.0,
     )
     if throttle is not None:
         return refuse("rejected", throttle.reason, throttle.message, throttle.retry_after_ms,
                       tokens)
 
     limiter.acquire(req.org, req.endpoint, tokens, now_ms)
-    throttle_state.note_admitted()
+    throttle_state.note_admitted(endpoint=req.endpoint, tier=org.tier, org=req.org,
+                                 tokens=tokens)
     return Admitted(
         request=AdmittedRequest(
             id=req.id, org=req.org, endpoint=req.endpoint, tier=org.tier, input=req.input,

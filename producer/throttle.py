@@ -20,15 +20,20 @@ with work per tier, the biggest orgs' held tokens and the measured service
 rate. For a request of ``n`` tokens from org ``o`` in tier ``t``, the tokens
 that must be served before it is done are
 
+* the batches already at the workers (``in_flight_tokens``), plus
 * every higher tier's held tokens (strict priority serves them first), plus
 * within ``t``, the smaller of the tier's held tokens (+ ``n``) and
   ``(o's held tokens + n) x the tier's active orgs``: DRR gives every active
   org a turn for each of ``o``'s, so ``o`` waits for about its own backlog
-  times the number of orgs, never for more than the whole tier.
+  times the number of orgs, never for more than the whole tier,
 
-Over ``tokens_per_s``, that is the predicted time to completion. It is
-compared with the time left to the request's deadline when it has one, else
-with the endpoint's ``latency_target_ms``. A burst is throttled (its own
+each counting what this instance admitted since the snapshot (a burst in
+one fetch is decided against one snapshot). Over ``tokens_per_s``, plus one
+measured batch time (``batch_ms``: the request is done when its whole batch
+is), that is the predicted time to completion. It is compared with the time
+left to the request's deadline when it has one, else with the endpoint's
+``latency_target_ms`` less the time the request already waited before
+admission (since its ``created_ms``). A burst is throttled (its own
 backlog grows with it); a quiet org is not (its own backlog is empty). An
 org absent from ``org_held_tokens`` (which lists only the top few) is taken
 to hold nothing: the list's floor is an upper bound, and erring towards
@@ -66,6 +71,7 @@ restarted with a lower epoch is heard again once the old leader falls silent.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import msgspec
 
@@ -92,11 +98,14 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def predict_wait_ms(
-    state: SchedulerState, config: Config, *, endpoint: str, tier: str, org: str, tokens: int
+    state: SchedulerState, config: Config, *, endpoint: str, tier: str, org: str, tokens: int,
+    since: Mapping[tuple[str, str], int] | None = None,
 ) -> float | None:
     """Predicted milliseconds until a new request would be served, or None if unknown.
 
     None when the snapshot has no lane for ``endpoint`` or no measured rate.
+    ``since`` adds tokens admitted after the snapshot was taken, keyed
+    ``("tier", name)`` and ``("org", name)`` for this endpoint.
     """
     lane = state.lanes.get(endpoint)
     # "not > 0" also refuses NaN, which a snapshot in msgpack can carry.
@@ -104,12 +113,18 @@ def predict_wait_ms(
         return None
     names = config.tier_names
     rank = names.index(tier) if tier in names else len(names) - 1
-    ahead = float(sum(lane.held_tokens_by_tier.get(t, 0) for t in names[:rank]))
-    tier_held = lane.held_tokens_by_tier.get(tier, 0)
+    since = since or {}
+    # Batches already at the workers are served first, whatever their tier.
+    ahead = float(max(0, lane.in_flight_tokens))
+    ahead += float(sum(lane.held_tokens_by_tier.get(t, 0) + since.get(("tier", t), 0)
+                      for t in names[:rank]))
+    tier_held = lane.held_tokens_by_tier.get(tier, 0) + since.get(("tier", tier), 0)
     active = max(1, lane.active_orgs_by_tier.get(tier, 0))
-    own = lane.org_held_tokens.get(org, 0)
+    own = lane.org_held_tokens.get(org, 0) + since.get(("org", org), 0)
     ahead += min(tier_held + tokens, (own + tokens) * active)
-    return ahead / lane.tokens_per_s * 1000.0
+    # Its batch-mates chosen after it: done when the batch is, one batch time.
+    own_batch_ms = lane.batch_ms if lane.batch_ms > 0 else 0.0
+    return ahead / lane.tokens_per_s * 1000.0 + own_batch_ms
 
 
 class ThrottleState:
@@ -129,6 +144,10 @@ class ThrottleState:
         self.state: SchedulerState | None = None
         #: Requests this instance admitted since ``state`` was taken.
         self.admitted_since = 0
+        #: Their tokens, per endpoint, by ("tier", name) and ("org", name): one
+        #: fetch of a burst is decided against one snapshot, and without
+        #: these every request of it would see the same predicted wait.
+        self.tokens_since: dict[str, dict[tuple[str, str], int]] = {}
 
     def observe(self, state: SchedulerState, now_ms: float) -> bool:
         """Take ``state`` if it is newer than the one held; True when taken."""
@@ -141,11 +160,19 @@ class ThrottleState:
         ):
             self.state = state
             self.admitted_since = 0
+            self.tokens_since = {}
             return True
         return False
 
-    def note_admitted(self, count: int = 1) -> None:
+    def note_admitted(self, count: int = 1, *, endpoint: str | None = None,
+                      tier: str | None = None, org: str | None = None, tokens: int = 0) -> None:
+        """Count an admission until the next snapshot (with its tokens, for the throttle)."""
         self.admitted_since += count
+        if endpoint is not None and tokens:
+            since = self.tokens_since.setdefault(endpoint, {})
+            for key in (("tier", tier), ("org", org)):
+                if key[1] is not None:
+                    since[key] = since.get(key, 0) + tokens
 
     def is_fresh(self, now_ms: float) -> bool:
         return self.state is not None and now_ms - self.state.sent_ms <= self.stale_after_ms
@@ -183,17 +210,31 @@ class ThrottleState:
         tokens: int,
         now_ms: float,
         deadline_at_ms: float | None = None,
+        waited_ms: float = 0.0,
     ) -> Verdict | None:
         """``throttled`` when the predicted wait exceeds the request's time budget.
 
         The budget is the time left to ``deadline_at_ms`` when given, else the
-        endpoint's ``latency_target_ms``. No verdict without a fresh snapshot
-        or a measured rate.
+        endpoint's ``latency_target_ms`` less ``waited_ms``, the time the
+        request already spent before admission (since its ``created_ms``: an
+        ingress backlog under overload). A request already past its target is
+        throttled even without a snapshot; otherwise no verdict without a
+        fresh snapshot or a measured rate.
         """
+        target = float(config.endpoints[endpoint].latency_target_ms)
+        waited = min(max(0.0, waited_ms), MAX_RETRY_AFTER_MS)
+        if deadline_at_ms is None and waited >= target:
+            return Verdict(
+                reason="throttled",
+                retry_after_ms=max(1, math.ceil(waited - target)),
+                message=(f"the request waited {waited:.0f} ms before admission, past endpoint "
+                         f"{endpoint!r} latency_target_ms = {target:.0f}; retry later"),
+            )
         if self.state is None or not self.is_fresh(now_ms):
             return None
         wait = predict_wait_ms(
-            self.state, config, endpoint=endpoint, tier=tier, org=org, tokens=tokens
+            self.state, config, endpoint=endpoint, tier=tier, org=org, tokens=tokens,
+            since=self.tokens_since.get(endpoint),
         )
         if wait is None:
             return None
@@ -201,8 +242,9 @@ class ThrottleState:
             budget = deadline_at_ms - now_ms
             what = f"the request's deadline ({budget:.0f} ms from now)"
         else:
-            budget = float(config.endpoints[endpoint].latency_target_ms)
-            what = f"endpoint {endpoint!r} latency_target_ms = {budget:.0f}"
+            budget = target - waited
+            what = (f"endpoint {endpoint!r} latency_target_ms = {target:.0f}"
+                    + (f" less {waited:.0f} ms already waited" if waited >= 1 else ""))
         if wait <= budget:
             return None
         return Verdict(

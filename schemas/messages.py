@@ -239,6 +239,12 @@ class LaneState(Message, kw_only=True):
     #: Held tokens of the orgs holding the most (bounded to the top few);
     #: an org not listed holds less than the smallest value listed.
     org_held_tokens: dict[str, Int64] = {}
+    #: Tokens of the batches sent to workers and not reported done: work
+    #: every new request waits behind, whatever its tier.
+    in_flight_tokens: Int64 = 0
+    #: Measured time of one batch (ms): a request is served when its whole
+    #: batch is, so the throttle adds one to the wait (0 = unknown).
+    batch_ms: float = 0.0
 
 
 class SchedulerState(Message, kw_only=True):

@@ -141,3 +141,45 @@ def test_stale_snapshot_loses_to_any_other():
     later = NOW_MS + 10_000
     assert ts.observe(snapshot(sent_ms=later, epoch=0), later)
     assert ts.state.epoch == 0
+
+
+def test_time_waited_before_admission_counts_against_the_target():
+    """A request that sat in the ingress backlog has less budget left; past the target: refused."""
+    ts = fresh(snapshot(held_requests=0))
+    target = CFG.endpoints["embed"].latency_target_ms
+    quiet = {"endpoint": "embed", "tier": "standard", "org": "quiet", "tokens": 10,
+             "now_ms": NOW_MS}
+    assert ts.check_throttle(CFG, **quiet) is None
+    late = ts.check_throttle(CFG, **quiet, waited_ms=target + 500)
+    assert late is not None and late.reason == "throttled" and late.retry_after_ms == 500
+    assert "before admission" in late.message
+    # Even with no snapshot at all.
+    assert ThrottleState().check_throttle(CFG, **quiet, waited_ms=target) is not None
+    assert ThrottleState().check_throttle(CFG, **quiet, waited_ms=target - 1) is None
+
+
+def test_admissions_since_the_snapshot_count_in_the_prediction():
+    """A burst decided against one snapshot sees its own admissions grow the predicted wait."""
+    ts = fresh(snapshot(held_requests=0))
+    assert throttled(ts, org="quiet", tokens=100) is None
+    # quiet alone in its tier (CFG: 1000 ms target at 1000 tokens/s): ~9 more fit.
+    admitted = 0
+    while throttled(ts, org="quiet", tokens=100) is None:
+        ts.note_admitted(endpoint="embed", tier="standard", org="quiet", tokens=100)
+        admitted += 1
+    assert 1 <= admitted <= 10
+    ts.observe(snapshot(held_requests=0, sent_ms=NOW_MS + 1), NOW_MS + 1)
+    assert throttled(ts, org="quiet", tokens=100) is None, "a new snapshot starts afresh"
+
+
+def test_batches_at_the_workers_count_ahead_of_every_tier():
+    """Tokens already dispatched (in flight) are waited for by any new request."""
+    import msgspec
+
+    state = snapshot(held_requests=0)
+    lane = state.lanes["embed"]
+    busy = msgspec.structs.replace(
+        state, lanes={"embed": msgspec.structs.replace(lane, in_flight_tokens=500)})
+    args = {"endpoint": "embed", "tier": "standard", "org": "quiet", "tokens": 10}
+    idle_ms = predict_wait_ms(state, CFG, **args)
+    assert predict_wait_ms(busy, CFG, **args) == idle_ms + 500  # 1000 tokens/s
