@@ -138,6 +138,31 @@ async def test_window_without_until_reads_to_the_end_as_of_the_start(kafka_setti
     assert window.items[0].ts == 0.0
 
 
+async def test_command_replays_a_window_into_another_topic_and_maps_ids_back(
+        broker, kafka_settings, topic_prefix, tmp_path):
+    """The command with --from-topic/--since/--until/--to-topic: the window, re-keyed, mapped."""
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(config_text(topic_prefix))
+    ingress = Topics.of(config(topic_prefix)).ingress
+    capture = f"{topic_prefix}what-if.requests"
+    await ensure_topics(kafka_settings, {ingress: 4, capture: 1})
+    base, windows = await produce_windows(kafka_settings, ingress, topic_prefix)
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime((base + 15_000) / 1000))
+    report = tmp_path / "report"
+    rc = await replay_command(cli_args([
+        "--config", str(cfg_path), "--bootstrap", broker.bootstrap, "--from-topic", ingress,
+        "--since", since, "--until", str((base + 45_000) / 1000), "--to-topic", capture,
+        "--speed", "50", "--timeout-s", "0.2", "--report", str(report), "--no-progress"]))
+    assert rc == 1  # nothing answers here: every request is reported missing
+    sent = await read_all(kafka_settings, capture, 1)
+    id_map = {m["id"]: m for m in map(json.loads, (report / "id_map.jsonl").open())}
+    assert sorted(id_map[r.id]["original_id"] for _, r in sent) == sorted(
+        r.id for r in windows["b"])
+    assert all(m["origin"].startswith(f"{ingress}/") for m in id_map.values())
+    summary = json.loads((report / "report.json").read_text())
+    assert summary["totals"]["missing"] == summary["totals"]["requests"] == 12
+
+
 def cli_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
