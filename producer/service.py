@@ -54,6 +54,7 @@ from plumbing.deadletter import dead_letter
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
+    group_generation,
     in_group,
     kafka_endpoint,
     make_consumer,
@@ -92,6 +93,8 @@ class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: Records decided per fetch. Offsets are committed per fetch, so this
     #: bounds what a crash replays and how long a stop waits.
     max_poll_records: int = 500
+    #: Bytes read per ingress partition per fetch (see ``start``).
+    max_partition_fetch_bytes: int = 64 * 1024
     #: Longest wait for ingress records before checking for a stop request.
     poll_timeout_ms: int = 100
     #: Snapshots older than this do not throttle. None: the larger of 5 s
@@ -210,6 +213,10 @@ class AdmissionService:
         self._consumer = make_consumer(
             self.kafka, self.topics.ingress, group_id=f"{self.topics.prefix}admission",
             max_poll_records=self.settings.max_poll_records,
+            # Small per-partition fetches interleave the partitions: a burst on
+            # one partition then delays another org's records by one small
+            # fetch, not by a megabyte of the burst.
+            max_partition_fetch_bytes=self.settings.max_partition_fetch_bytes,
         )
         await self._consumer.start()
         self._state_consumer = make_consumer(self.kafka, group_id=None)
@@ -266,12 +273,13 @@ class AdmissionService:
                     timeout_ms=self.settings.poll_timeout_ms,
                     max_records=self.settings.max_poll_records,
                 )
+                fetched_in = group_generation(self._consumer)
             except KafkaError as e:
                 log.warning("ingress_fetch_failed", error=repr(e))
                 await asyncio.sleep(0.5)
                 continue
             if batches:
-                await self._handle(batches)
+                await self._handle(batches, fetched_in)
 
     async def stop(self) -> None:
         """Stop fetching, let the fetch in hand finish, close everything, log totals."""
@@ -298,7 +306,8 @@ class AdmissionService:
 
     # -- the loop --------------------------------------------------------
 
-    async def _handle(self, batches: dict[TopicPartition, list]) -> None:
+    async def _handle(self, batches: dict[TopicPartition, list],
+                      fetched_in: tuple[int, str] | None = None) -> None:
         sends: list[_Send] = []
         offsets: dict[TopicPartition, int] = {}
         for tp, records in batches.items():
@@ -308,9 +317,10 @@ class AdmissionService:
         if not await self._send_all(sends):
             return  # stopping with sends unacknowledged: leave the fetch to be replayed
         try:
-            # Not a member any more (expelled, or the broker lost the group):
-            # the next owner replays the fetch; a commit now would be stale.
-            if in_group(self._consumer):
+            # Not a member of the generation it was fetched in any more
+            # (rebalanced, expelled, or the broker lost the group): the next
+            # owner replays the fetch; a commit now would be stale.
+            if in_group(self._consumer, fetched_in):
                 await self._consumer.commit(offsets)
         except KafkaError as e:
             # A rebalance took the partitions: the new owner replays them.

@@ -143,7 +143,10 @@ class ServiceConfig(_Config):
     max_held_requests: PositiveInt = 100_000
     max_message_bytes: PositiveInt = 4 * 1024 * 1024
     tier_partitions: Annotated[int, Meta(ge=1, le=1024)] = 4
-    ingress_partitions: Annotated[int, Meta(ge=1, le=1024)] = 4
+    #: Admission reads each ingress partition in order, so an org that shares
+    #: a partition with a bursting org waits behind its burst *before* the
+    #: scheduler can be fair. Many partitions (keyed by org) make that rare.
+    ingress_partitions: Annotated[int, Meta(ge=1, le=1024)] = 16
     results_partitions: Annotated[int, Meta(ge=1, le=1024)] = 4
     worker_slots: Annotated[int, Meta(ge=1, le=64)] = 2
     #: A worker not heard from for this long loses its slots.

@@ -219,7 +219,8 @@ async def test_stop_finishes_and_commits(kafka_settings, topic_prefix, config_pa
     admin = make_admin(kafka_settings)
     await admin.start()
     try:
-        tps = [TopicPartition(topics.ingress, p) for p in range(4)]
+        n = load_config(config_path).service.ingress_partitions
+        tps = [TopicPartition(topics.ingress, p) for p in range(n)]
         offsets = await admin.list_consumer_group_offsets(f"{topic_prefix}admission",
                                                           partitions=tps)
     finally:
