@@ -59,7 +59,8 @@ def _restart_lines(log_path: Path) -> Counter:
 
 
 async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.0,
-              session_ms: int = 2000, lost_grace_s: float = 8.0, say=print) -> dict:
+              session_ms: int = 2000, lost_grace_s: float = 8.0, log_path: str | None = None,
+              say=print) -> dict:
     """The scenario; returns its figures."""
     figures: dict = {"rate": rate, "before_s": before_s, "after_s": after_s}
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,7 +69,7 @@ async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.
                              worker_timeout_ms=session_ms + 500).replace("crash.", "restart.")
         cfg_path.write_text(text)
         config = parse_config(text)
-        log_path = Path(tmp) / "services.log"
+        log_path = Path(log_path) if log_path else Path(tmp) / "services.log"
         env = {"SF_KAFKA_SESSION_TIMEOUT_MS": str(session_ms),
                "SF_KAFKA_HEARTBEAT_INTERVAL_MS": str(max(100, session_ms // 4))}
         with open(log_path, "w") as log:  # noqa: ASYNC230 - before any task runs
@@ -120,6 +121,7 @@ async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.
     figures["sent_after_recovery"] = len(late)
     figures["ok_after_recovery"] = sum(1 for o in late
                                        if o.result is not None and o.result.status == "ok")
+    figures["answered_after_recovery"] = sum(1 for o in late if o.result is not None)
     return figures
 
 
@@ -132,7 +134,8 @@ def report(f: dict) -> str:
         f"unanswered                 {f['unanswered']}",
         (f"recovery                   {f['recovery_s']} s from the restart to the first result "
         "of a request sent after it"),
-        f"after recovery             {f['ok_after_recovery']} ok of {f['sent_after_recovery']}",
+        (f"after recovery             {f['ok_after_recovery']} ok, "
+         f"{f['answered_after_recovery']} answered of {f['sent_after_recovery']} sent"),
         (f"broker_restarted lines     {f['broker_restarted_lines']} (client: "
         f"{f['client_saw_loss']})"),
         f"process died               {f['failed_process']}; leader after: {f['leader_after']}",
@@ -145,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before-s", type=float, default=5.0, help="load before the restart")
     p.add_argument("--after-s", type=float, default=12.0, help="load after the restart")
     p.add_argument("--json", default=None, help="write the figures to this file")
+    p.add_argument("--log-file", default=None, help="keep the services' JSON logs here")
     args = p.parse_args(argv)
-    figures = asyncio.run(run(rate=args.rate, before_s=args.before_s, after_s=args.after_s))
+    figures = asyncio.run(run(rate=args.rate, before_s=args.before_s, after_s=args.after_s,
+                              log_path=args.log_file))
     print(report(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2, default=str))

@@ -41,6 +41,7 @@ __all__ = [
     "KafkaSettings",
     "add_kafka_arguments",
     "consumer_lag",
+    "group_generation",
     "in_group",
     "kafka_endpoint",
     "make_admin",
@@ -250,7 +251,17 @@ async def consumer_lag(consumer: AIOKafkaConsumer, partitions, *,
             for (tp, high), pos in zip(highs.items(), positions) if pos is not None}
 
 
-def in_group(consumer: AIOKafkaConsumer) -> bool:
+def group_generation(consumer: AIOKafkaConsumer) -> tuple[int, str] | None:
+    """(generation, member id) of a group consumer now; None if aiokafka hides them."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    generation = getattr(coordinator, "generation", None)
+    member_id = getattr(coordinator, "member_id", None)
+    if not isinstance(generation, int) or not isinstance(member_id, str):
+        return None
+    return generation, member_id
+
+
+def in_group(consumer: AIOKafkaConsumer, since: tuple[int, str] | None = None) -> bool:
     """True while a group consumer is a member of its group's current generation.
 
     Commit only then. A member the coordinator no longer knows (expelled,
@@ -258,14 +269,18 @@ def in_group(consumer: AIOKafkaConsumer) -> bool:
     generation -1, and a commit with generation -1 is taken as a commit
     from outside any group: it would write offsets read before, possibly
     from a topic since recreated, over the group's, and the next owner
-    would skip that many new records. Unknown internals count as a member.
+    would skip that many new records. With ``since`` (the
+    :func:`group_generation` when the records were fetched), also False once
+    the member rejoined: offsets read before a rejoin are not the new
+    generation's to commit. Unknown internals count as a member.
     """
-    coordinator = getattr(consumer, "_coordinator", None)
-    generation = getattr(coordinator, "generation", None)
-    member_id = getattr(coordinator, "member_id", None)
-    if not isinstance(generation, int) or not isinstance(member_id, str):
+    now = group_generation(consumer)
+    if now is None:
         return True
-    return generation >= 0 and member_id != ""
+    generation, member_id = now
+    if generation < 0 or member_id == "":
+        return False
+    return since is None or since == now
 
 
 def make_admin(settings: KafkaSettings, **overrides: Any) -> AIOKafkaAdminClient:
