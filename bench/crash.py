@@ -33,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO
 
@@ -149,6 +150,9 @@ async def run(*, rate: float = 40.0, phase_s: float = 6.0, session_ms: int = 200
     figures["dispatched_twice"] = len(twice)
     figures["dispatched_twice_by_crash"] = _by_crash(twice, sent, figures["kills"])
     figures["submit_errors"] = dict(load.submit_errors)
+    # Scale-out: how the two workers (and the restarted one, a new id) shared the load.
+    figures["served_by_worker"] = dict(Counter(o.result.worker for o in sent.values()
+                                               if o.result is not None and o.result.worker))
     return figures
 
 
@@ -234,6 +238,7 @@ def report(f: dict) -> str:
         f"lost (no result)           {f['lost']}",
         (f"copies written / dropped   {f['copies_written']} written, "
          f"{f['client_duplicates_dropped']} dropped by the client"),
+        f"served by worker           {f.get('served_by_worker')}",
         (f"dispatched twice           {f['dispatched_twice']} "
          f"(by the crash that followed their submission: {f['dispatched_twice_by_crash']})"),
         (f"scheduler takeover         {f['scheduler_takeover_s']} s to /readyz ok, first "

@@ -12,7 +12,11 @@ happened. What each kind of client then does, measured with aiokafka 0.14:
   once the topic exists again;
 * an **assigned consumer** (no group: the scheduler's worker events,
   admission's scheduler state, a client's replies) keeps its position, say
-  5000, and fetches nothing from a new topic until it has 5000 records.
+  5000, and fetches nothing from a new topic until it has 5000 records;
+  Tansu answers a fetch beyond the end with no records rather than
+  ``OFFSET_OUT_OF_RANGE``, so ``auto_offset_reset`` never applies. A group
+  consumer lands there too when an old offset was committed into the new
+  group (a commit sent before the member noticed the group was gone).
 
 So every service runs a :class:`TopicKeeper`. Every ``interval_s`` it asks
 for the metadata of its own topics (one request, auto-creation off) and
@@ -24,8 +28,10 @@ offset than one we wrote before (:meth:`TopicKeeper.wrote`): whoever
 recreated the topics first, every service sees one of these. Then it logs **one** ``broker_restarted``
 warning per incident with the evidence, recreates the topics
 (:func:`~plumbing.topics.ensure_topics`, idempotent: another service may
-have done it already), and calls the service's ``on_lost`` hook, which
-re-seeks what it follows and forgets what the broker forgot. A failed
+have done it already), moves every followed partition found beyond its
+end back to the beginning (what ``auto_offset_reset = earliest`` would do
+on Kafka), and calls the service's ``on_lost`` hook, which re-seeks what it
+follows and forgets what the broker forgot. A failed
 recreation is retried at the next check; nothing raises out of the loop.
 
 Whatever was written between the restart and the recreation is lost (the
@@ -138,8 +144,12 @@ class TopicKeeper:
         for consumer in self.follow():
             if consumer is None:
                 continue
+            beyond = await truncated(consumer)
             evidence += [f"high watermark of {tp.topic}[{tp.partition}] below our position"
-                         for tp in await truncated(consumer)]
+                         for tp in beyond]
+            if beyond:
+                with contextlib.suppress(Exception):  # revoked meanwhile: its owner resets
+                    await consumer.seek_to_beginning(*beyond)
         return evidence
 
     async def recover(self, evidence: list[str]) -> bool:

@@ -230,7 +230,7 @@ class AdmissionService:
         self._keeper = TopicKeeper(self.kafka, self._producer.client,
                                    lambda: self.topics.all(self.config), service="admission",
                                    on_lost=self._follow_state_from_recent,
-                                   follow=lambda: [self._state_consumer])
+                                   follow=lambda: [self._state_consumer, self._consumer])
         self._keeper.known(created)
         self._keeper.start()
         self._tasks.append(asyncio.create_task(self._read_state(), name="admission-state"))

@@ -143,6 +143,11 @@ class TierIntake:
         with contextlib.suppress(Exception):
             await stop_consumer(consumer)
 
+    @property
+    def consumer(self):
+        """The tier consumer while started (for the topic keeper), else None."""
+        return self._consumer
+
     def tier_topics(self, config: Config) -> list[str]:
         return [self.topics.tier(t) for t in config.tier_names]
 

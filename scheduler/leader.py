@@ -225,6 +225,11 @@ class LeaderElection:
                                 registry=r)
 
     @property
+    def consumer(self):
+        """The leader-group consumer while started (for the topic keeper), else None."""
+        return self._consumer
+
+    @property
     def leading(self) -> bool:
         return self.state == "leading"
 

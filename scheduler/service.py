@@ -210,7 +210,7 @@ class SchedulerService:
         await self._event_consumer.start()
         self._keeper = TopicKeeper(self.kafka, self._producer.client,
                                    lambda: self.topics.all(self.config), service="scheduler",
-                                   on_lost=self._broker_lost, follow=lambda: [self._event_consumer])
+                                   on_lost=self._broker_lost, follow=self._followed)
         self._keeper.known(created)
         await self._seek_recent_events()
         await self.election.start()
@@ -434,6 +434,11 @@ class SchedulerService:
                         consumer.seek(tp, end)
             except KafkaError as e:
                 log.warning("worker_events_seek_failed", error=repr(e))
+
+    def _followed(self) -> list:
+        """Consumers whose positions the topic keeper checks."""
+        return [self._event_consumer, self.intake.consumer,
+                self.election.consumer if self.election is not None else None]
 
     async def _broker_lost(self) -> None:
         """The broker lost its topics (see :mod:`plumbing.topickeeper`): follow the new ones.

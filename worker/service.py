@@ -265,7 +265,8 @@ class WorkerService:
                                    gauge=self.metrics.broker_reachable).start()
         # Recreates the topics if the broker lost them; the group rejoins by itself.
         self._keeper = TopicKeeper(self.kafka, self._producer.client,
-                                   lambda: self.topics.all(self.config), service="worker")
+                                   lambda: self.topics.all(self.config), service="worker",
+                                   follow=lambda: [self._consumer])
         self._keeper.known(created)
         self._keeper.start()
         self.started = True

@@ -26,3 +26,14 @@ async def test_every_request_gets_one_result_across_crashes():
     assert figures["failed_process"] is None
     # The client hands each id over once: every extra copy written was dropped.
     assert figures["copies_written"] - figures["results"] == figures["client_duplicates_dropped"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("session_ms", [2000, 6000])
+async def test_crashes_at_full_length(session_ms: int):
+    """The documented run (``python bench/crash.py [--session-ms 6000]``): no request lost."""
+    figures = await run(rate=40, phase_s=8, session_ms=session_ms)
+    print(report(figures))
+    assert figures["drained"] and figures["lost"] == 0, report(figures)
+    assert figures["failed_process"] is None

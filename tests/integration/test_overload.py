@@ -31,3 +31,15 @@ async def test_overload_is_refused_with_a_reason_and_stays_bounded():
     assert f["accepted"] > 0
     assert f["held_max"] <= f["max_held_requests"] + _ONE_FETCH
     assert f["scheduler_rss_mib"]["second_half_growth"] < 20, f["scheduler_rss_mib"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_overload_for_a_minute():
+    """The documented run (``python bench/overload.py``): 60 s at 10x, bounded throughout."""
+    f = await run(seconds=60, factor=10)
+    print(report(f))
+    assert f["drained"] and f["unanswered"] == 0, report(f)
+    assert f["refusals_without_reason_or_retry_after"] == 0
+    assert f["held_max"] <= f["max_held_requests"] + _ONE_FETCH
+    assert f["scheduler_rss_mib"]["second_half_growth"] < 20, f["scheduler_rss_mib"]
