@@ -51,7 +51,7 @@ orgs      drr sel/s   naive sel/s  drr/naive  drr ns/sel  naive ns/sel
 Per-selection cost growth 10 -> 100,000 orgs: drr 1.71x (1.5-1.8x over
 runs), naive 1369x. Both targets met: ~3x the 100,000 selections/s asked
 for at 100,000 orgs. With 10 orgs the naive scan is faster (its whole state
-is one short list); DRR overtakes it below 1,000 orgs. The DRR growth is
+is one short list); DRR overtakes it at about 100 orgs. The DRR growth is
 memory, not algorithm: at 100,000 orgs each selection touches an org, heap,
 tuple and entry that are no longer in the CPU caches. Profiling (cProfile)
 shows the rest is Python call overhead spread over peek, take, heappop and
