@@ -57,7 +57,9 @@ from schemas.messages import (
     TERMINAL_STATUSES,
     AdmittedRequest,
     Batch,
+    DeadLetter,
     EmbedInput,
+    LaneState,
     RerankInput,
     Result,
     SchedulerState,
@@ -505,3 +507,39 @@ def test_a_leader_claim_cannot_push_the_epoch_out_of_int64(epoch):
     __import__("struct").pack(">q", nxt)
     assert codec_for(Batch).decode(codec_for(Batch).encode(
         Batch(id="b", endpoint="embed", requests=[], tokens=0, created_ms=0, epoch=nxt))).epoch == nxt
+
+
+def test_a_tier_record_above_max_request_tokens_is_dead_lettered():
+    """tokens=2**31 on a tier record: a dead letter with too_many_tokens, not a spinning DRR."""
+    req = msgspec.structs.replace(admitted_from(random.Random(1)), endpoint="embed",
+                                  tokens=2**31, deadline_at_ms=None)
+    producer = _FakeProducer()
+    core = Scheduler(CONFIG)
+    intake = TierIntake(CONFIG, TOPICS, core, Backlog(), _METRICS, Counter(), asyncio.Event())
+    intake._producer = producer
+    with _quiet(intake_module):
+        _LOOP.run_until_complete(intake._take((TOPICS.tier("free"), 0), _tier_record(
+            codec_for(AdmittedRequest).encode(req), [("content-type", b"application/msgpack")],
+            0)))
+    assert core.held == 0
+    [letter] = [v for t, v in producer.sent if t == TOPICS.dead_letters]
+    assert codec_for(DeadLetter).decode(letter).reason == "too_many_tokens"
+
+
+@pytest.mark.parametrize("rate", [math.nan, 5e-324, 1e-10, -1.0, math.inf])
+def test_a_snapshot_with_an_absurd_rate_leaves_admission_deciding(rate):
+    """A NaN, subnormal, negative or infinite service rate: admitted or throttled, never failed."""
+    lane = LaneState(endpoint="embed", held_requests=1, held_cost_by_tier={},
+                     held_tokens_by_tier={"enterprise": 2**62}, tokens_per_s=rate, free_slots=0,
+                     workers=1)
+    throttle = ThrottleState()
+    throttle.observe(SchedulerState(sent_ms=NOW_MS, lanes={"embed": lane}, held_requests=1),
+                     NOW_MS)
+    value = _GOOD % (b"bulk", b"embed", _INPUTS["embed"])
+    out = decide(msgspec.msgpack.encode(msgspec.json.decode(value)),
+                 [("content-type", b"application/msgpack")], NOW_MS, CONFIG, RateLimiter(CONFIG),
+                 throttle, _COUNTER, NOW_MS)
+    assert isinstance(out, Admitted | Refused), out
+    if isinstance(out, Refused):
+        assert out.result.reason == "throttled" and 1 <= out.result.retry_after_ms <= 86_400_000
+        codec_for(Result).encode(out.result, "msgpack")
