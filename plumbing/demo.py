@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -332,7 +333,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -> int:
     out = sys.stdout
-    print(f"serving-fairness demo: config {args.config}, burst {args.burst}, "
+    shown = os.path.relpath(args.config)
+    shown = args.config if shown.startswith("..") else shown
+    print(f"serving-fairness demo: config {shown}, burst {args.burst}, "
           f"service logs -> {log_path}", file=out, flush=True)
     print("loading the embedding model and timing one full batch...", file=out, flush=True)
     threads = args.torch_threads or None
