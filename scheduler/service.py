@@ -79,6 +79,7 @@ from plumbing.logs import LogSampler
 from plumbing.telemetry import TelemetryServer
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
+from scheduler.batch_order import run_order
 from scheduler.core import Policy, Scheduler
 from scheduler.entry import Entry
 from scheduler.flow import FlowControl, LostWorker
@@ -571,12 +572,14 @@ class SchedulerService:
                 self._expired(d.expired)
                 if not d.batch:
                     break
+                entries = (d.batch if self.settings.policy == "fifo"
+                           else run_order(d.batch, self.config.tier_names))
                 self._batch_seq += 1
                 batch = Batch(
                     id=f"{self.instance}-{self._batch_seq}",
                     endpoint=endpoint,
-                    requests=[e.payload for e in d.batch],
-                    tokens=sum(e.tokens for e in d.batch),
+                    requests=[e.payload for e in entries],
+                    tokens=sum(e.tokens for e in entries),
                     created_ms=int(now * 1000),
                     worker=claim.worker,
                     epoch=self.epoch,
@@ -585,9 +588,9 @@ class SchedulerService:
                 self._sent_tokens[batch.id] = batch.tokens
                 if len(self._sent_tokens) > _SENT_TOKENS_KEPT:
                     del self._sent_tokens[next(iter(self._sent_tokens))]
-                for e in d.batch:
+                for e in entries:
                     self.backlog.remove(endpoint, e.tier, e.org, e.tokens)
-                await self._send_batch(endpoint, claim.partition, batch, d.batch)
+                await self._send_batch(endpoint, claim.partition, batch, entries)
 
     async def _send_batch(self, endpoint: str, partition: int, batch: Batch,
                           entries: list[Entry]) -> None:
