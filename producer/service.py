@@ -13,7 +13,13 @@ One loop, at-least-once:
 3. wait until the broker acknowledged every send of the fetch, then commit
    the fetched offsets. A crash in between replays the fetch: duplicates are
    possible (the scheduler drops a request id it already holds, the client
-   delivers a result once); losses are not.
+   delivers a result once); losses are not. Fetches are pipelined: the next
+   one is decided while the last one's sends are acknowledged, and commits
+   follow fetch order (at most ``fetches_in_flight`` unsettled at once).
+
+Within a fetch, records are decided one partition at a time in turn, and
+their writes start as they are decided, so a quiet org's record fetched
+together with a burst's hundreds is on its way first.
 
 A bad record never stops the loop; a send that keeps failing on our own
 topics is retried until it succeeds or the service stops (then nothing of
@@ -95,6 +101,11 @@ class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_poll_records: int = 500
     #: Bytes read per ingress partition per fetch (see ``start``).
     max_partition_fetch_bytes: int = 64 * 1024
+    #: Fetches decided and not yet acknowledged and committed, at most. 2: the
+    #: next fetch is decided while the broker acknowledges the last one.
+    fetches_in_flight: int = 2
+    #: How long a stop waits for the fetches in hand to be settled.
+    stop_settle_s: float = 30.0
     #: Longest wait for ingress records before checking for a stop request.
     poll_timeout_ms: int = 100
     #: Snapshots older than this do not throttle. None: the larger of 5 s
@@ -144,6 +155,28 @@ class _Send(msgspec.Struct):
     status: str | None = None
 
 
+class _Fetch(msgspec.Struct):
+    """One fetch between its decisions and its commit."""
+
+    fetched_in: tuple[int, str] | None
+    sends: list[_Send] = msgspec.field(default_factory=list)
+    futures: list[Any] = msgspec.field(default_factory=list)
+    offsets: dict[TopicPartition, int] = msgspec.field(default_factory=dict)
+
+
+#: Decisions between two yields to the event loop while a fetch is decided.
+_YIELD_EVERY = 32
+
+
+def _interleave(batches: Mapping[TopicPartition, list]) -> list:
+    """The records of a fetch, one partition at a time in turn, each in its own order."""
+    queues = [records for records in batches.values() if records]
+    out: list = []
+    for i in range(max((len(q) for q in queues), default=0)):
+        out.extend(q[i] for q in queues if i < len(q))
+    return out
+
+
 class AdmissionService:
     """The admission service as an async context manager (``start``/``run``/``stop``).
 
@@ -188,6 +221,9 @@ class AdmissionService:
         self._keeper: TopicKeeper | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
+        #: Clear while :meth:`run` is running.
+        self._run_over = asyncio.Event()
+        self._run_over.set()
         self._stopped = False
         self._config_mtime: float | None = None
         self._reload_lock = asyncio.Lock()
@@ -266,26 +302,51 @@ class AdmissionService:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Serve until :meth:`request_stop`."""
-        while not self._stopping.is_set():
+        """Serve until :meth:`request_stop`; the fetches in hand are settled before it returns.
+
+        Pipelined: while the broker acknowledges one fetch's sends (and its
+        offsets are committed, in order, by :meth:`_settle_loop`), the next
+        fetch is already being decided, so an org's record arriving during a
+        burst waits for one fetch's decisions, not for the round trips too.
+        At most ``fetches_in_flight`` fetches are unsettled at once.
+        """
+        queue: asyncio.Queue[_Fetch | None] = asyncio.Queue(
+            maxsize=max(1, self.settings.fetches_in_flight - 1))
+        settler = asyncio.create_task(self._settle_loop(queue), name="admission-settle")
+        self._run_over.clear()
+        try:
+            while not self._stopping.is_set() and not settler.done():
+                try:
+                    batches = await self._consumer.getmany(
+                        timeout_ms=self.settings.poll_timeout_ms,
+                        max_records=self.settings.max_poll_records,
+                    )
+                    fetched_in = group_generation(self._consumer)
+                except KafkaError as e:
+                    log.warning("ingress_fetch_failed", error=repr(e))
+                    await asyncio.sleep(0.5)
+                    continue
+                if batches:
+                    await queue.put(await self._handle(batches, fetched_in))
+        finally:
             try:
-                batches = await self._consumer.getmany(
-                    timeout_ms=self.settings.poll_timeout_ms,
-                    max_records=self.settings.max_poll_records,
-                )
-                fetched_in = group_generation(self._consumer)
-            except KafkaError as e:
-                log.warning("ingress_fetch_failed", error=repr(e))
-                await asyncio.sleep(0.5)
-                continue
-            if batches:
-                await self._handle(batches, fetched_in)
+                if not settler.done():
+                    await queue.put(None)
+                await settler
+            finally:
+                self._run_over.set()
 
     async def stop(self) -> None:
         """Stop fetching, let the fetch in hand finish, close everything, log totals."""
         if self._stopped:
             return
         self._stopping.set()
+        # The fetches in hand are settled (acknowledged, committed) before the clients close.
+        try:
+            await asyncio.wait_for(self._run_over.wait(), self.settings.stop_settle_s)
+        except TimeoutError:
+            log.warning("admission_stop_unsettled", detail="fetches in hand not settled in "
+                        f"{self.settings.stop_settle_s} s: the next owner replays them")
         self._stopped = True
         for task in self._tasks:
             task.cancel()
@@ -307,28 +368,51 @@ class AdmissionService:
     # -- the loop --------------------------------------------------------
 
     async def _handle(self, batches: dict[TopicPartition, list],
-                      fetched_in: tuple[int, str] | None = None) -> None:
-        sends: list[_Send] = []
-        offsets: dict[TopicPartition, int] = {}
-        for tp, records in batches.items():
-            for rec in records:
-                sends.extend(self._decide(rec))
-            offsets[tp] = records[-1].offset + 1
-        if not await self._send_all(sends):
-            return  # stopping with sends unacknowledged: leave the fetch to be replayed
+                      fetched_in: tuple[int, str] | None = None) -> _Fetch:
+        """Decide a fetch's records and start writing them; :meth:`_settle` finishes it.
+
+        Records are taken one partition at a time in turn (each partition in
+        its own order, so each org's order), and the writes start as the
+        decisions are made: a quiet org's record in a fetch that also holds
+        hundreds of a burst's is decided and on its way first.
+        """
+        fetch = _Fetch(fetched_in=fetched_in)
+        for n, rec in enumerate(_interleave(batches)):
+            for send in self._decide(rec):
+                fetch.sends.append(send)
+                fetch.futures.append(await self._issue(send))
+            if n % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # let the producer flush what is decided
+        fetch.offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
+        return fetch
+
+    async def _settle_loop(self, queue: asyncio.Queue[_Fetch | None]) -> None:
+        """Settle fetches in the order they were fetched; stop committing after a failure."""
+        replay_rest = False
+        while (fetch := await queue.get()) is not None:
+            if replay_rest or not await self._settle(fetch):
+                # Stopping with sends unacknowledged: this fetch, and every
+                # later one, is left to be replayed by the next owner.
+                replay_rest = True
+
+    async def _settle(self, fetch: _Fetch) -> bool:
+        """Wait for a fetch's writes (retrying failures), then commit its offsets."""
+        if not await self._send_all(fetch.sends, fetch.futures):
+            return False
         try:
             # Not a member of the generation it was fetched in any more
             # (rebalanced, expelled, or the broker lost the group): the next
             # owner replays the fetch; a commit now would be stale.
-            if in_group(self._consumer, fetched_in):
-                await self._consumer.commit(offsets)
+            if in_group(self._consumer, fetch.fetched_in):
+                await self._consumer.commit(fetch.offsets)
         except KafkaError as e:
             # A rebalance took the partitions: the new owner replays them.
             log.warning("ingress_commit_failed", error=repr(e))
-        for tp, next_offset in offsets.items():
+        for tp, next_offset in fetch.offsets.items():
             highwater = self._consumer.highwater(tp)
             if highwater is not None:
                 self.metrics.lag.labels(str(tp.partition)).set(max(0, highwater - next_offset))
+        return True
 
     def _decide(self, rec) -> list[_Send]:
         started = time.perf_counter()
@@ -392,15 +476,21 @@ class AdmissionService:
         return _Send(self.topics.dead_letters, _dead_codec.encode(letter), None,
                      _MSGPACK_HEADERS, "dead_letter", rec)
 
-    async def _send_all(self, sends: list[_Send]) -> bool:
-        """Write every record, in order; True once all are acknowledged (or dead-lettered)."""
-        futures: list[asyncio.Future | BaseException] = []
-        for s in sends:
-            try:
-                futures.append(await self._producer.send(s.topic, s.value, key=s.key,
-                                                         headers=s.headers))
-            except Exception as e:  # noqa: BLE001 - retried one by one below
-                futures.append(e)
+    async def _issue(self, s: _Send) -> asyncio.Future | BaseException:
+        """Start writing one record: its delivery future, or the error that refused it."""
+        try:
+            return await self._producer.send(s.topic, s.value, key=s.key, headers=s.headers)
+        except Exception as e:  # noqa: BLE001 - retried one by one in _send_all
+            return e
+
+    async def _send_all(self, sends: list[_Send],
+                        futures: list[asyncio.Future | BaseException] | None = None) -> bool:
+        """Write every record, in order; True once all are acknowledged (or dead-lettered).
+
+        ``futures``: the sends were already issued (:meth:`_issue`), these are their outcomes.
+        """
+        if futures is None:
+            futures = [await self._issue(s) for s in sends]
         results = await asyncio.gather(
             *(f for f in futures if not isinstance(f, BaseException)), return_exceptions=True
         )
