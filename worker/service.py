@@ -79,7 +79,8 @@ from schemas.topics import Topics
 from worker.execute import BatchExecutor, MicrobatchStats, Served
 from worker.metrics import WorkerMetrics
 
-__all__ = ["WorkerService", "WorkerSettings", "WorkerStats", "add_arguments", "load_model", "run"]
+__all__ = ["WorkerService", "WorkerSettings", "WorkerStats", "add_arguments", "in_thread",
+           "load_model", "run"]
 
 log = structlog.get_logger("worker")
 
@@ -152,6 +153,32 @@ class WorkerStats:
     def totals(self) -> dict:
         return {"batches": self.batches, "requests": self.requests,
                 "dead_letters": self.dead_letters, "results": dict(self.results)}
+
+
+def in_thread(threads: int | None):
+    """``asyncio.to_thread`` that sets torch's intra-op threads in the thread running the call.
+
+    torch keeps that count per thread: ``torch.set_num_threads`` in the event
+    loop's thread does not reach a pool thread that had already run torch
+    (the one that loaded the model kept torch's default, one thread per
+    core, and later ran batches with it: a worker given one thread used two
+    cores here, sixteen on a 16-core machine).
+    """
+    async def run(fn, /, *args, **kwargs):
+        def call():
+            if threads:
+                _torch_threads(threads)
+            return fn(*args, **kwargs)
+        return await asyncio.to_thread(call)
+    return run
+
+
+def _torch_threads(n: int) -> None:
+    with contextlib.suppress(ImportError):
+        import torch
+
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
 
 
 def load_model(config: Config, endpoint: str, spec: str | None = None, device: str | None = None):
@@ -234,26 +261,24 @@ class WorkerService:
             self._telemetry = TelemetryServer(self.registry, self.readiness,
                                               host=s.metrics_host, port=s.metrics_port)
             await self._telemetry.start()
+        run_in_thread = in_thread(s.threads)
+        if s.threads:
+            _torch_threads(s.threads)
         if self.model is None:
             t0 = time.perf_counter()
-            self.model = await asyncio.to_thread(load_model, self.config, self.endpoint,
-                                                 s.model, s.device)
+            self.model = await run_in_thread(load_model, self.config, self.endpoint,
+                                             s.model, s.device)
             log.info("model_loaded", endpoint=self.endpoint, model=self.model.name,
                      seconds=round(time.perf_counter() - t0, 2))
-        if s.threads:
-            with contextlib.suppress(ImportError):
-                import torch
-
-                torch.set_num_threads(s.threads)
         if s.warm_up:
             t0 = time.perf_counter()
-            await asyncio.to_thread(warm_up, self.model, self.kind)
+            await run_in_thread(warm_up, self.model, self.kind)
             log.info("model_warmed_up", endpoint=self.endpoint,
                      seconds=round(time.perf_counter() - t0, 2))
         self.executor = BatchExecutor(
             self.model, self.kind, worker=self.worker_id,
             max_padded_tokens=s.microbatch_padded_tokens, max_size=s.microbatch_size,
-            on_microbatch=self._microbatch_done)
+            on_microbatch=self._microbatch_done, run_in_thread=run_in_thread)
         created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._producer = make_producer(self.kafka, linger_ms=0)
         await self._producer.start()
