@@ -39,6 +39,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plumbing.demo_burst import burst_main
+from plumbing.demo_burst import text as _text
 from plumbing.kafka import KafkaSettings
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Result
@@ -47,12 +49,6 @@ __all__ = ["add_arguments", "run"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo.toml"
 QUIET_ORGS = ("quiet-1", "quiet-2")
-
-
-def _text(org: str, i: int) -> str:
-    # ~16 tokens, the same shape for every org, so the only difference
-    # between orgs is how many requests they send.
-    return f"{org} document {i}: quarterly report on regional supply chain costs and delivery times"
 
 
 @dataclass
@@ -90,18 +86,81 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[k]
 
 
+def _cpus(cpus: set[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-class Traffic:
-    """The demo's senders: one burst and a few paced requests per quiet org."""
+class Burst:
+    """The bursting org, sending from a process of its own (:mod:`plumbing.demo_burst`)."""
 
-    def __init__(self, client, config: Config, phase: Phase, timeout_s: float):
+    ORG = "bulkcorp"
+
+    def __init__(self, bootstrap: str, config_path: str, n: int, timeout_s: float,
+                 nice: int):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.n = n
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=burst_main, name="demo-burst", daemon=True,
+                                args=(child, bootstrap, config_path, self.ORG, "embed", n,
+                                      timeout_s, nice))
+        self.sent = self.done = 0
+        self.records: list[tuple] | None = None
+
+    async def start(self) -> None:
+        self.proc.start()
+        if (await self._next(120.0))[0] != "ready":
+            raise RuntimeError("the burst process did not start")
+
+    def go(self) -> None:
+        self.conn.send("go")
+
+    async def _next(self, timeout_s: float) -> tuple:
+        if not await asyncio.to_thread(self.conn.poll, timeout_s):
+            raise RuntimeError(f"the burst process said nothing for {timeout_s:.0f} s")
+        return self.conn.recv()
+
+    def poll(self) -> None:
+        """Take the progress reports and the final records that have arrived."""
+        while self.records is None and self.conn.poll():
+            msg = self.conn.recv()
+            if msg[0] == "progress":
+                self.sent, self.done = msg[1], msg[2]
+            elif msg[0] == "done":
+                self.records = msg[1]
+                self.sent = len(self.records)
+                self.done = sum(r[1] is not None for r in self.records)
+
+    async def wait(self) -> list[tuple]:
+        while self.records is None:
+            if not self.proc.is_alive() and not self.conn.poll():
+                raise RuntimeError(f"the burst process died (exit code {self.proc.exitcode})")
+            await asyncio.to_thread(self.conn.poll, 0.5)
+            self.poll()
+        self.proc.join(10)
+        return self.records
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+
+
+class Traffic:
+    """The demo's senders: the burst (its own process) and a few paced requests per org."""
+
+    def __init__(self, client, config: Config, phase: Phase, timeout_s: float,
+                 burst: Burst | None = None):
         self.client = client
         self.config = config
         self.phase = phase
         self.timeout_s = timeout_s
+        self.burst = burst
         self.waiting: list[asyncio.Task] = []
 
     async def _send(self, org: str, endpoint: str, inp: dict) -> None:
@@ -119,13 +178,6 @@ class Traffic:
             sent.done_s = time.monotonic()
             sent.done_ms = time.time() * 1000
 
-    async def burst(self, n: int) -> None:
-        chunk = 500
-        for start in range(0, n, chunk):
-            await asyncio.gather(*(
-                self._send("bulkcorp", "embed", {"type": "embed", "texts": [_text("bulkcorp", i)]})
-                for i in range(start, min(n, start + chunk))))
-
     async def paced(self, org: str, endpoint: str, count: int, every_s: float,
                     start_s: float) -> None:
         await asyncio.sleep(start_s)
@@ -138,10 +190,22 @@ class Traffic:
             await self._send(org, endpoint, inp)
             await asyncio.sleep(every_s)
 
-    async def run(self, burst: int, quiet: int) -> None:
+    async def _bursting(self) -> None:
+        if self.burst is None:
+            return
+        org = Burst.ORG
+        tier = self.config.orgs[org].tier
+        for rid, status, sent_s, done_s in await self.burst.wait():
+            result = None if status is None else Result(id=rid, status=status, org=org,
+                                                        endpoint="embed")
+            self.phase.sent[rid] = Sent(org, tier, "embed", sent_s, result, done_s)
+
+    async def run(self, quiet: int) -> None:
         """Send everything, then wait for every result (or its timeout)."""
+        if self.burst is not None:
+            self.burst.go()
         await asyncio.gather(
-            self.burst(burst),
+            self._bursting(),
             *(self.paced(org, "embed", quiet, 0.25, 0.3 + 0.1 * k)
               for k, org in enumerate(QUIET_ORGS)),
             self.paced("acme", "embed", max(2, quiet // 2), 0.5, 0.35),
@@ -152,8 +216,10 @@ class Traffic:
 
 
 class Progress:
-    def __init__(self, phase: Phase, expected: int, stream=sys.stderr):
+    def __init__(self, phase: Phase, expected: int, burst: Burst | None = None,
+                 stream=sys.stderr):
         self.phase = phase
+        self.burst = burst
         self.expected = expected
         self.stream = stream
         self.tty = stream.isatty()
@@ -171,7 +237,12 @@ class Progress:
         for s in done:
             by[s.result.status] = by.get(s.result.status, 0) + 1
         quiet = [s for s in sent if s.org in QUIET_ORGS]
-        line = (f"  [{self.phase.name}] sent {len(sent):>6}/{self.expected}  done {len(done):>6}  "
+        n_sent, n_done = len(sent), len(done)
+        if self.burst is not None and self.burst.records is None:
+            self.burst.poll()
+            n_sent += self.burst.sent
+            n_done += self.burst.done
+        line = (f"  [{self.phase.name}] sent {n_sent:>6}/{self.expected}  done {n_done:>6}  "
                 + " ".join(f"{k} {v}" for k, v in sorted(by.items()))
                 + f"  quiet orgs {sum(s.result is not None for s in quiet)}/{len(quiet)}"
                 + f"  {now - self.t0:5.1f}s")
@@ -183,7 +254,8 @@ class Progress:
 
 async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: int,
                      timeout_s: float, model: str | None, threads: int | None, log,
-                     log_level: str = "info", microbatch_size: int = 16) -> Phase:
+                     log_level: str = "info", microbatch_size: int = 16,
+                     worker_cpus: set[int] | None = None, burst_nice: int = 10) -> Phase:
     """One phase on a fresh embedded broker, the services as separate processes."""
     from plumbing.broker import EmbeddedBroker
     from plumbing.processes import ProcessStack
@@ -198,21 +270,30 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                                 endpoints=list(config.endpoints), model=model,
                                 worker_threads=threads, log=log, env=env,
                                 extra_args={"worker": ["--microbatch-size",
-                                                       str(microbatch_size)]}) as stack, \
+                                                       str(microbatch_size)]},
+                                cpus={"worker": worker_cpus} if worker_cpus else None) as stack, \
                 FairnessClient(kafka, config) as client:
             await _warm_up(client, config, timeout_s=120)
-            n_quiet = len(QUIET_ORGS) * quiet + 2 * max(2, quiet // 2) + max(2, quiet // 3)
-            progress = Progress(phase, phase.burst + n_quiet)
-            t0 = time.monotonic()
-            traffic = asyncio.create_task(
-                Traffic(client, config, phase, timeout_s).run(phase.burst, quiet))
-            while not traffic.done():
-                progress()
-                await asyncio.wait([traffic], timeout=0.5)
-                if (err := stack.failed()) is not None:
-                    traffic.cancel()
-                    raise RuntimeError(f"during {phase.name}: {err}")
-            traffic.result()
+            burst = (Burst(broker.bootstrap, config_path, phase.burst, timeout_s, burst_nice)
+                     if phase.burst else None)
+            try:
+                if burst is not None:
+                    await burst.start()
+                n_quiet = len(QUIET_ORGS) * quiet + 2 * max(2, quiet // 2) + max(2, quiet // 3)
+                progress = Progress(phase, phase.burst + n_quiet, burst)
+                t0 = time.monotonic()
+                traffic = asyncio.create_task(
+                    Traffic(client, config, phase, timeout_s, burst).run(quiet))
+                while not traffic.done():
+                    progress()
+                    await asyncio.wait([traffic], timeout=0.5)
+                    if (err := stack.failed()) is not None:
+                        traffic.cancel()
+                        raise RuntimeError(f"during {phase.name}: {err}")
+                traffic.result()
+            finally:
+                if burst is not None:
+                    burst.stop()
             phase.elapsed_s = time.monotonic() - t0
             progress(force=True)
             if progress.tty:
@@ -263,6 +344,25 @@ def _full_batch_ms(config: Config, model_spec: str | None, threads: int | None,
             model.encode(chunk)
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
+
+
+def split_cpus(workers: int, threads: int) -> tuple[set[int], set[int]] | None:
+    """(worker CPUs, service CPUs), or None where pinning is not possible.
+
+    The workers get as many of the highest-numbered CPUs as they have torch
+    threads in all, leaving at least one CPU for the rest: that core stands
+    in for the accelerator a deployment gives its workers, so the broker,
+    admission, the scheduler and the traffic generator cannot take the
+    model's CPU (on two cores they otherwise did, in the burst's first
+    second: a full batch took 0.6-0.8 s instead of 0.17 s).
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        return None
+    k = max(1, min(len(mine) - 1, workers * max(1, threads)))
+    return set(mine[-k:]), set(mine[:-k])
 
 
 def _table(phase: Phase) -> str:
@@ -321,6 +421,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="texts per worker micro-batch (default 16: on a CPU a quiet "
                              "request's results come back after a quarter of a full batch, "
                              "for ~10%% more time per batch)")
+    parser.add_argument("--pin", choices=["auto", "off"], default="auto",
+                        help="auto (default, Linux): the workers run on CPUs of their own, "
+                             "the stand-in for their accelerator; off: every process shares "
+                             "every CPU")
     parser.add_argument("--skip-x5", action="store_true", help="skip the 5x burst phase")
 
 
@@ -354,6 +458,14 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -
     ep = config.endpoints["embed"]
     print(f"full-batch service time: {full_ms:.0f} ms ({ep.max_batch_tokens} tokens)",
           file=out, flush=True)
+    split = split_cpus(len(config.endpoints), threads or 1) if args.pin == "auto" else None
+    worker_cpus = None
+    if split is not None:
+        worker_cpus, service_cpus = split
+        # This process (the traffic and the broker it starts) stays off the workers' CPUs.
+        os.sched_setaffinity(0, service_cpus)
+        print(f"CPUs: workers on {_cpus(worker_cpus)}, broker, admission, scheduler and the "
+              f"traffic on {_cpus(service_cpus)} (--pin off: shared)", file=out, flush=True)
     phases = [Phase("unloaded", "drr", 0), Phase(f"burst {args.burst}, drr", "drr", args.burst)]
     if not args.skip_x5:
         phases.append(Phase(f"burst {5 * args.burst}, drr", "drr", 5 * args.burst))
@@ -362,7 +474,7 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -
         print(f"\n== phase: {phase.name} ==", file=out, flush=True)
         await _run_phase(config, args.config, phase, quiet=args.quiet, timeout_s=args.timeout_s,
                          model=args.model, threads=threads, log=log, log_level=args.log_level,
-                         microbatch_size=args.microbatch_size)
+                         microbatch_size=args.microbatch_size, worker_cpus=worker_cpus)
         print(_table(phase), file=out)
         print(_stages(phase), file=out)
         print(f"({phase.elapsed_s:.1f} s)", file=out, flush=True)

@@ -10,6 +10,9 @@ inference like both.
 Each process logs JSON lines to one shared log file, serves ``/readyz`` on a
 port of its own, and is stopped with SIGTERM (graceful), then SIGKILL.
 
+``cpus`` pins services to CPUs by subcommand (the demo gives its workers a
+core of their own, standing in for their accelerator).
+
 For failure tests and benchmarks: ``schedulers=2`` starts a hot standby
 (``scheduler-2``), ``workers=N`` runs N workers per endpoint
 (``worker-<endpoint>``, ``worker-<endpoint>-2``...), :meth:`ProcessStack.kill`
@@ -63,7 +66,8 @@ class ProcessStack:
                  endpoints: list[str], model: str | None = None, worker_threads: int | None = None,
                  log: IO[str] | None = None, env: dict[str, str] | None = None,
                  schedulers: int = 1, workers: int = 1,
-                 extra_args: dict[str, list[str]] | None = None):
+                 extra_args: dict[str, list[str]] | None = None,
+                 cpus: dict[str, set[int]] | None = None):
         self.config_path = str(config_path)
         self.bootstrap = bootstrap
         self.policy = policy
@@ -76,6 +80,8 @@ class ProcessStack:
         self.workers = workers
         #: Added to a service's command line, by subcommand (``scheduler``...).
         self.extra_args = extra_args or {}
+        #: CPUs a service may run on, by subcommand (Linux); others inherit ours.
+        self.cpus = cpus or {}
         self.procs: dict[str, tuple[subprocess.Popen, int]] = {}
         self._args: dict[str, tuple[str, ...]] = {}
 
@@ -85,9 +91,13 @@ class ProcessStack:
         cmd = [sys.executable, "-m", "plumbing.cli", *args,
                *self.extra_args.get(args[0], []), "--config", self.config_path,
                "--bootstrap", self.bootstrap, "--metrics-port", str(port)]
+        cpus = self.cpus.get(args[0])
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
                                 stdout=self.log or subprocess.DEVNULL,
-                                stderr=self.log or subprocess.DEVNULL)
+                                stderr=self.log or subprocess.DEVNULL,
+                                # One system call between fork and exec, no Python locks.
+                                preexec_fn=None if cpus is None  # noqa: PLW1509
+                                else lambda: os.sched_setaffinity(0, cpus))
         self.procs[name] = (proc, port)
 
     async def start(self, timeout_s: float = 120.0) -> Self:
