@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("scheduler.service", "run the fair scheduler service"),
     "worker": ("worker.service", "run an inference worker for one endpoint"),
     "submit": ("producer.client", "send one request and print its result"),
-    "replay": ("producer.replay", "replay a traffic log or a time window of a topic through the pipeline"),
+    "replay": ("producer.replay_cli", "replay a traffic log or a time window of a topic through the pipeline"),
     "simulate": ("scheduler.simulate", "run a trace through the scheduler core on a virtual clock"),
     "trace": ("scheduler.trace", "generate example traffic logs"),
     "report": ("scheduler.report", "compare reports side by side"),

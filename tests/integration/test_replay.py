@@ -12,7 +12,8 @@ from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
 from plumbing.topics import ensure_topics
-from producer.replay import ReplaySettings, add_arguments, replay, replay_command
+from producer.replay import ReplaySettings, replay
+from producer.replay_cli import add_arguments, replay_command
 from producer.replay_sources import read_window
 from scheduler.trace import TraceRecord, noisy_neighbour, write_trace
 from schemas.codec import codec_for, content_type, format_from_headers

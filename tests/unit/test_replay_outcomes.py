@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from producer.replay import _outcomes, _peak_per_s, live_jain
+from producer.replay_outcomes import live_jain, outcomes_of, peak_per_s
 from producer.replay_sources import ReplayItem
 from scheduler.report import Outcome
 from schemas.config import load_config
@@ -37,7 +37,7 @@ def test_each_item_one_outcome_whatever_came_back():
                  completed_ms=ms(0.15))
     rejected = Result(id="w-2", status="rejected", reason="rate_limited")
     got = [(ok, WALL0 + 0.06), (ok2, WALL0 + 0.2), (rejected, WALL0 + 0.25), None, None]
-    out = _outcomes(CONFIG, items, got, sent, {4: "KafkaError()"}, WALL0)
+    out = outcomes_of(CONFIG, items, got, sent, {4: "KafkaError()"}, WALL0)
     assert [o.id for o in out] == [f"orig-{i}" for i in range(5)]
     assert [o.status for o in out] == ["ok", "ok", "rejected", "missing", "failed"]
     assert out[0].latency_s == pytest.approx(0.05, abs=1e-3)
@@ -54,7 +54,7 @@ def test_latency_is_clamped_between_send_and_receipt():
     sent = [WALL0, WALL0 + 1.0]
     behind = Result(id="a", status="ok", completed_ms=ms(-5.0))
     ahead = Result(id="b", status="ok", completed_ms=ms(9.0))
-    out = _outcomes(CONFIG, items, [(behind, WALL0 + 0.3), (ahead, WALL0 + 1.4)], sent, {},
+    out = outcomes_of(CONFIG, items, [(behind, WALL0 + 0.3), (ahead, WALL0 + 1.4)], sent, {},
                     WALL0)
     assert out[0].latency_s == pytest.approx(0.0)
     assert out[1].latency_s == pytest.approx(0.4, abs=1e-3)
@@ -94,22 +94,22 @@ def test_live_jain_none_when_nobody_waited_together():
 
 def test_peak_per_second():
     """The busiest one-second window of a burst."""
-    assert _peak_per_s([]) == 0
-    assert _peak_per_s([0.0, 0.1, 0.2, 1.5, 1.6]) == 3
-    assert _peak_per_s([0.0, 0.25, 0.5, 0.75, 1.0, 1.25]) == 4
+    assert peak_per_s([]) == 0
+    assert peak_per_s([0.0, 0.1, 0.2, 1.5, 1.6]) == 3
+    assert peak_per_s([0.0, 0.25, 0.5, 0.75, 1.0, 1.25]) == 4
 
 
 def test_batch_time_fitted_from_results():
     """Per-batch model time (summed shares) fits overhead + ms/token; too little data gives None."""
-    from producer.replay import _fit_batch_time
+    from producer.replay_outcomes import fit_batch_time
 
     results = []
     for b, (n, tokens) in enumerate([(2, 50), (4, 50), (8, 50)]):
         total_ms = 5.0 + 0.1 * n * tokens
         results += [Result(id=f"{b}-{i}", status="ok", batch_id=f"b{b}", tokens=tokens,
                            inference_ms=total_ms / n) for i in range(n)]
-    fit = _fit_batch_time(results)
+    fit = fit_batch_time(results)
     assert fit["batches"] == 3
     assert fit["overhead_ms"] == pytest.approx(5.0)
     assert fit["ms_per_token"] == pytest.approx(0.1)
-    assert _fit_batch_time(results[:2]) is None
+    assert fit_batch_time(results[:2]) is None

@@ -1,0 +1,212 @@
+"""What a replay's results say: one outcome per request, stage times, batch-time fit, Jain.
+
+Pure functions over the results :mod:`producer.replay` collected, so they
+are tested without a broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from producer.replay_sources import (
+    ReplayItem,
+)
+from scheduler.report import (
+    Outcome,
+    percentile,
+)
+from schemas.config import Config
+from schemas.messages import Result
+
+__all__ = ["fit_batch_time", "live_jain", "outcomes_of", "peak_per_s", "stage_table"]
+
+_STAGES = (("admission", "admitted_s", "arrival_s"), ("scheduler", "dispatched_s", "admitted_s"),
+           ("batch", "completed_s", "dispatched_s"))
+
+
+def stage_table(runs: dict[str, Sequence[Outcome]], *, max_orgs: int = 12) -> str:
+    """p50 ms of each stage of an ok request's life, per org, for each labelled run.
+
+    Stages: *admission* (sent -> admitted: the ingress topic and admission),
+    *scheduler* (admitted -> put in a batch: held, waiting for its turn and a
+    free slot), *batch* (batch -> done: the batch topic, the worker's queue
+    and the model). The simulator admits instantly, so its admission is 0.
+    """
+    per: dict[str, dict[str, dict[str, list[float]]]] = {}
+    counts: dict[str, int] = {}
+    for label, outcomes in runs.items():
+        for o in outcomes:
+            counts[o.org] = counts.get(o.org, 0) + (label == next(iter(runs)))
+            if o.status != "ok":
+                continue
+            row = per.setdefault(o.org, {}).setdefault(label, {n: [] for n, _, _ in _STAGES})
+            for name, end, start in _STAGES:
+                a, b = getattr(o, end), getattr(o, start)
+                if a is not None and b is not None:
+                    row[name].append(a - b)
+    labels = list(runs)
+    header = ["org"] + [f"{n} {lab}" for n, _, _ in _STAGES for lab in labels]
+    lines = ["| " + " | ".join(header) + " |", "|:--|" + "--:|" * (len(header) - 1)]
+    for org in sorted(per, key=lambda o: (-counts.get(o, 0), o))[:max_orgs]:
+        cells = [org]
+        for name, _, _ in _STAGES:
+            for lab in labels:
+                xs = sorted(per[org].get(lab, {}).get(name, []))
+                v = percentile(xs, 50)
+                cells.append("-" if v is None else f"{v * 1000:,.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def fit_batch_time(results: Iterable[Result]) -> dict[str, float] | None:
+    """The workers' batch time as ``overhead_ms + ms_per_token x tokens``, fitted to the run.
+
+    Each ok result carries its share of its micro-batches' model time
+    (``inference_ms``); summed per batch they give the batch's model time.
+    Least squares over the batches; through the origin if the intercept
+    comes out negative. None without two batches of different sizes.
+    """
+    per_batch: dict[str, list[float]] = {}
+    for r in results:
+        if r.status == "ok" and r.batch_id and r.inference_ms is not None and r.tokens:
+            b = per_batch.setdefault(r.batch_id, [0.0, 0.0])
+            b[0] += r.tokens
+            b[1] += r.inference_ms
+    pts = list(per_batch.values())
+    if len(pts) < 2:
+        return None
+    n = len(pts)
+    mx = sum(x for x, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    intercept = my - slope * mx
+    if intercept < 0 or slope <= 0:
+        slope, intercept = sum(y for _, y in pts) / sum(x for x, _ in pts), 0.0
+    return {"batches": n, "overhead_ms": round(intercept, 4), "ms_per_token": round(slope, 6)}
+
+
+def peak_per_s(times: Sequence[float]) -> int:
+    """Most of the (sorted) ``times`` within any one second."""
+    best, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= 1.0:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+def outcomes_of(config: Config, items: Sequence[ReplayItem],
+              got: Sequence[tuple[Result, float] | None], sent_at: Sequence[float | None],
+              send_error: dict[int, str], wall0: float) -> list[Outcome]:
+    """One :class:`Outcome` per item, in item order, times from ``wall0``."""
+
+    def rel(ms: int | None) -> float | None:
+        return None if ms is None else round(ms / 1000.0 - wall0, 6)
+
+    batch_tokens: dict[str, int] = {}
+    for g in got:
+        if g is not None and g[0].status == "ok" and g[0].batch_id:
+            batch_tokens[g[0].batch_id] = batch_tokens.get(g[0].batch_id, 0) + (g[0].tokens or 0)
+    out = []
+    for i, item in enumerate(items):
+        req = item.request
+        org = config.orgs.get(req.org)
+        ep = config.endpoints.get(req.endpoint)
+        sent = sent_at[i] if sent_at[i] is not None else wall0
+        base = {"id": req.id, "org": req.org, "tier": org.tier if org else "",
+                "endpoint": req.endpoint, "arrival_s": round(sent - wall0, 6)}
+        if i in send_error:
+            out.append(Outcome(**base, status="failed", reason="replay_send_failed",
+                               tokens=item.tokens, completed_s=base["arrival_s"]))
+            continue
+        if got[i] is None:
+            out.append(Outcome(**base, status="missing", reason="no_result_within_timeout",
+                               tokens=item.tokens))
+            continue
+        res, received = got[i]
+        done_ms = res.completed_ms if res.completed_ms is not None else int(received * 1000)
+        # Another host's clock may be off: never before the send, never after receipt.
+        done_ms = min(max(done_ms, int(sent * 1000)), int(received * 1000))
+        out.append(Outcome(
+            **base, status=res.status, reason=res.reason, tokens=res.tokens or item.tokens,
+            admitted_s=rel(res.admitted_ms), dispatched_s=rel(res.dispatched_ms),
+            completed_s=rel(done_ms), batch_id=res.batch_id,
+            batch_tokens=batch_tokens.get(res.batch_id) if res.batch_id else None,
+            batch_budget=ep.max_batch_tokens if ep and res.batch_id else None))
+    return out
+
+
+def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1,
+              min_batches: int = 3) -> tuple[float | None, list[dict]]:
+    """Jain's index over backlogged orgs, estimated from a live run's outcomes.
+
+    The simulator's definition (:mod:`scheduler.simulate`) needs the
+    scheduler's queues; a replay only has each request's admission and
+    dispatch times. So an org counts as backlogged across a batch when one
+    of its requests was admitted at least ``hop_s`` before the batch was
+    dispatched and left (in a later batch, or expired) after it. ``hop_s``
+    stands for the trip from admission to the scheduler (tens of ms): a
+    request still on its way cannot be chosen, and counting it would blame
+    the scheduler for batches it assembled before the request existed for
+    it; under load the hop is longer, so a set seen across fewer than
+    ``min_batches`` batches is not counted. Cost is tokens. Returns the
+    index of the set with the most served tokens and the ten largest sets,
+    as the simulator reports them.
+    """
+    from scheduler.simulate import JainGroup
+
+    events: list[tuple[float, int, str, Any]] = []
+    batches: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        if o.admitted_s is None:
+            continue
+        if o.status == "ok" and o.batch_id and o.dispatched_s is not None:
+            events.append((min(o.admitted_s + hop_s, o.dispatched_s), 0, o.id, o))
+            batches.setdefault(o.batch_id, []).append(o)
+        elif o.status == "expired" and o.completed_s is not None:
+            events.append((min(o.admitted_s + hop_s, o.completed_s), 0, o.id, o))
+            events.append((o.completed_s, 1, o.id, o))
+    for bid, members in batches.items():
+        events.append((min(m.dispatched_s for m in members), 2, bid, members))
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    held: dict[tuple[str, str], dict[str, int]] = {}
+    groups: dict[tuple[str, str, frozenset[str]], JainGroup] = {}
+
+    def change(o: Outcome, d: int) -> None:
+        counts = held.setdefault((o.endpoint, o.tier), {})
+        counts[o.org] = counts.get(o.org, 0) + d
+        if counts[o.org] <= 0:
+            del counts[o.org]
+
+    for _, kind, _, what in events:
+        if kind == 0:
+            change(what, +1)
+        elif kind == 1:
+            change(what, -1)
+        else:
+            served: dict[tuple[str, str], float] = {}
+            for m in what:
+                change(m, -1)
+                served[(m.tier, m.org)] = served.get((m.tier, m.org), 0.0) + m.tokens
+            endpoint = what[0].endpoint
+            for (ep, tier), counts in held.items():
+                if ep != endpoint or len(counts) < 2:
+                    continue
+                key = (ep, tier, frozenset(counts))
+                g = groups.get(key)
+                if g is None:
+                    orgs = tuple(sorted(counts))
+                    weights = {o: config.orgs[o].weight if o in config.orgs else 1.0
+                               for o in orgs}
+                    g = groups[key] = JainGroup(ep, tier, orgs, 0, dict.fromkeys(orgs, 0.0),
+                                                weights)
+                g.batches += 1
+                for org in g.orgs:
+                    g.served[org] += served.get((tier, org), 0.0)
+    ranked = [g for g in sorted(groups.values(), key=lambda g: -sum(g.served.values()))
+              if g.batches >= min_batches]
+    return (round(ranked[0].index, 6) if ranked else None), [g.to_json() for g in ranked[:10]]
