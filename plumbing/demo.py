@@ -255,7 +255,8 @@ class Progress:
 async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: int,
                      timeout_s: float, model: str | None, threads: int | None, log,
                      log_level: str = "info", microbatch_size: int = 16,
-                     worker_cpus: set[int] | None = None, burst_nice: int = 10) -> Phase:
+                     worker_cpus: dict[str, set[int]] | None = None,
+                     burst_nice: int = 10) -> Phase:
     """One phase on a fresh embedded broker, the services as separate processes."""
     from plumbing.broker import EmbeddedBroker
     from plumbing.processes import ProcessStack
@@ -271,7 +272,7 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                                 worker_threads=threads, log=log, env=env,
                                 extra_args={"worker": ["--microbatch-size",
                                                        str(microbatch_size)]},
-                                cpus={"worker": worker_cpus} if worker_cpus else None) as stack, \
+                                cpus=worker_cpus) as stack, \
                 FairnessClient(kafka, config) as client:
             await _warm_up(client, config, timeout_s=120)
             burst = (Burst(broker.bootstrap, config_path, phase.burst, timeout_s, burst_nice)
@@ -284,12 +285,18 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                 t0 = time.monotonic()
                 traffic = asyncio.create_task(
                     Traffic(client, config, phase, timeout_s, burst).run(quiet))
+                # Every request has its own timeout; this is the backstop against
+                # anything else that could wait for ever (the burst's process).
+                deadline = t0 + timeout_s + 120
                 while not traffic.done():
                     progress()
                     await asyncio.wait([traffic], timeout=0.5)
                     if (err := stack.failed()) is not None:
                         traffic.cancel()
                         raise RuntimeError(f"during {phase.name}: {err}")
+                    if time.monotonic() > deadline:
+                        traffic.cancel()
+                        raise RuntimeError(_stuck(phase, burst))
                 traffic.result()
             finally:
                 if burst is not None:
@@ -299,6 +306,16 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
             if progress.tty:
                 print(file=sys.stderr)
     return phase
+
+
+def _stuck(phase: Phase, burst: Burst | None) -> str:
+    waiting = sum(s.result is None for s in phase.sent.values())
+    where = "" if burst is None else (
+        f"; the burst process is {'alive' if burst.proc.is_alive() else 'gone'} "
+        f"(exit code {burst.proc.exitcode}), reported {burst.sent} sent / {burst.done} done, "
+        f"final records {'received' if burst.records is not None else 'not received'}")
+    return (f"during {phase.name}: traffic not finished after its timeout; {waiting} paced "
+            f"requests without a result{where}")
 
 
 async def _warm_up(client, config: Config, timeout_s: float) -> None:
@@ -346,23 +363,32 @@ def _full_batch_ms(config: Config, model_spec: str | None, threads: int | None,
     return statistics.median(times)
 
 
-def split_cpus(workers: int, threads: int) -> tuple[set[int], set[int]] | None:
-    """(worker CPUs, service CPUs), or None where pinning is not possible.
+def plan_cpus(endpoints: list[str], threads: int) -> tuple[dict[str, set[int]], set[int]] | None:
+    """(CPUs of each pinned worker process, CPUs of everything else), or None.
 
-    The workers get as many of the highest-numbered CPUs as they have torch
-    threads in all, leaving at least one CPU for the rest: that core stands
-    in for the accelerator a deployment gives its workers, so the broker,
-    admission, the scheduler and the traffic generator cannot take the
-    model's CPU (on two cores they otherwise did, in the burst's first
-    second: a full batch took 0.6-0.8 s instead of 0.17 s).
+    Each endpoint's worker in turn (the configuration's order: the embed
+    endpoint, whose batches the bound is about, first) gets ``threads`` of
+    the highest-numbered CPUs to itself, as long as one CPU stays for the
+    rest; a worker that gets none runs with the services. Its own CPUs
+    stand in for the accelerator a deployment gives a worker: the broker,
+    admission, the scheduler and the traffic cannot take the model's CPU
+    (on two shared cores they did, in the burst's first second: a full
+    batch took 0.6-0.8 s instead of 0.2 s), and neither can another
+    endpoint's model (a rerank call overlapping an embed batch lengthened it
+    by its own time). None where pinning is not possible (not Linux, one CPU).
     """
     if not hasattr(os, "sched_getaffinity"):
         return None
-    mine = sorted(os.sched_getaffinity(0))
-    if len(mine) < 2:
+    free = sorted(os.sched_getaffinity(0))
+    if len(free) < 2:
         return None
-    k = max(1, min(len(mine) - 1, workers * max(1, threads)))
-    return set(mine[-k:]), set(mine[:-k])
+    pinned: dict[str, set[int]] = {}
+    for ep in endpoints:
+        k = max(1, threads)
+        if len(free) - k < 1:
+            break
+        pinned[f"worker-{ep}"], free = set(free[-k:]), free[:-k]
+    return pinned, set(free)
 
 
 def _table(phase: Phase) -> str:
@@ -458,14 +484,16 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -
     ep = config.endpoints["embed"]
     print(f"full-batch service time: {full_ms:.0f} ms ({ep.max_batch_tokens} tokens)",
           file=out, flush=True)
-    split = split_cpus(len(config.endpoints), threads or 1) if args.pin == "auto" else None
+    plan = plan_cpus(list(config.endpoints), threads or 1) if args.pin == "auto" else None
     worker_cpus = None
-    if split is not None:
-        worker_cpus, service_cpus = split
-        # This process (the traffic and the broker it starts) stays off the workers' CPUs.
+    if plan is not None:
+        worker_cpus, service_cpus = plan
+        # This process (the traffic and the broker it starts), and every
+        # service not pinned, stays off the pinned workers' CPUs.
         os.sched_setaffinity(0, service_cpus)
-        print(f"CPUs: workers on {_cpus(worker_cpus)}, broker, admission, scheduler and the "
-              f"traffic on {_cpus(service_cpus)} (--pin off: shared)", file=out, flush=True)
+        own = "; ".join(f"{name} on {_cpus(c)}" for name, c in worker_cpus.items())
+        print(f"CPUs: {own}; the broker, admission, scheduler, traffic and any other worker "
+              f"on {_cpus(service_cpus)} (--pin off: all shared)", file=out, flush=True)
     phases = [Phase("unloaded", "drr", 0), Phase(f"burst {args.burst}, drr", "drr", args.burst)]
     if not args.skip_x5:
         phases.append(Phase(f"burst {5 * args.burst}, drr", "drr", 5 * args.burst))

@@ -80,7 +80,8 @@ class ProcessStack:
         self.workers = workers
         #: Added to a service's command line, by subcommand (``scheduler``...).
         self.extra_args = extra_args or {}
-        #: CPUs a service may run on, by subcommand (Linux); others inherit ours.
+        #: CPUs a service may run on, by process name (``worker-embed``) or
+        #: subcommand (``worker``), Linux only; the rest inherit ours.
         self.cpus = cpus or {}
         self.procs: dict[str, tuple[subprocess.Popen, int]] = {}
         self._args: dict[str, tuple[str, ...]] = {}
@@ -91,7 +92,7 @@ class ProcessStack:
         cmd = [sys.executable, "-m", "plumbing.cli", *args,
                *self.extra_args.get(args[0], []), "--config", self.config_path,
                "--bootstrap", self.bootstrap, "--metrics-port", str(port)]
-        cpus = self.cpus.get(args[0])
+        cpus = self.cpus.get(name, self.cpus.get(args[0]))
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
                                 stdout=self.log or subprocess.DEVNULL,
                                 stderr=self.log or subprocess.DEVNULL,

@@ -1,0 +1,34 @@
+"""The demo's CPU plan: each worker its own CPUs while one stays for the services."""
+
+import pytest
+
+from plumbing import demo
+
+
+@pytest.fixture
+def cpus(monkeypatch):
+    def set_cpus(n: int) -> None:
+        monkeypatch.setattr(demo.os, "sched_getaffinity", lambda pid: set(range(n)), raising=False)
+    return set_cpus
+
+
+def test_two_cpus_give_the_first_endpoints_worker_one_and_the_rest_share(cpus):
+    cpus(2)
+    assert demo.plan_cpus(["embed", "rerank"], 1) == ({"worker-embed": {1}}, {0})
+
+
+def test_enough_cpus_give_every_worker_its_own(cpus):
+    cpus(16)
+    pinned, services = demo.plan_cpus(["embed", "rerank"], 2)
+    assert pinned == {"worker-embed": {14, 15}, "worker-rerank": {12, 13}}
+    assert services == set(range(12))
+
+
+def test_one_cpu_pins_nothing(cpus):
+    cpus(1)
+    assert demo.plan_cpus(["embed"], 1) is None
+
+
+def test_no_affinity_call_pins_nothing(monkeypatch):
+    monkeypatch.delattr(demo.os, "sched_getaffinity", raising=False)
+    assert demo.plan_cpus(["embed"], 1) is None
