@@ -104,7 +104,6 @@ class Burst:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
-        self.n = n
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=burst_main, name="demo-burst", daemon=True,
                                 args=(child, bootstrap, config_path, self.ORG, "embed", n,
@@ -128,7 +127,12 @@ class Burst:
     def poll(self) -> None:
         """Take the progress reports and the final records that have arrived."""
         while self.records is None and self.conn.poll():
-            msg = self.conn.recv()
+            try:
+                msg = self.conn.recv()
+            except EOFError:  # the pipe closed: the process ended without its records
+                self.proc.join(5)
+                raise RuntimeError("the burst process ended without its records "
+                                   f"(exit code {self.proc.exitcode})") from None
             if msg[0] == "progress":
                 self.sent, self.done = msg[1], msg[2]
             elif msg[0] == "done":
@@ -138,8 +142,6 @@ class Burst:
 
     async def wait(self) -> list[tuple]:
         while self.records is None:
-            if not self.proc.is_alive() and not self.conn.poll():
-                raise RuntimeError(f"the burst process died (exit code {self.proc.exitcode})")
             await asyncio.to_thread(self.conn.poll, 0.5)
             self.poll()
         self.proc.join(10)
@@ -353,7 +355,8 @@ def _full_batch_ms(config: Config, model_spec: str | None, threads: int | None,
         tokens += n
         i += 1
     chunks = [texts[i:i + microbatch_size] for i in range(0, len(texts), microbatch_size)]
-    model.encode(texts)  # warm-up
+    for chunk in chunks:  # warm-up, in the shapes timed
+        model.encode(chunk)
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -448,9 +451,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "request's results come back after a quarter of a full batch, "
                              "for ~10%% more time per batch)")
     parser.add_argument("--pin", choices=["auto", "off"], default="auto",
-                        help="auto (default, Linux): the workers run on CPUs of their own, "
-                             "the stand-in for their accelerator; off: every process shares "
-                             "every CPU")
+                        help="auto (default, Linux): each worker gets CPUs of its own while one "
+                             "stays for the rest, the stand-in for its accelerator; off: every "
+                             "process shares every CPU")
     parser.add_argument("--skip-x5", action="store_true", help="skip the 5x burst phase")
 
 

@@ -15,7 +15,7 @@ One loop, at-least-once:
    possible (the scheduler drops a request id it already holds, the client
    delivers a result once); losses are not. Fetches are pipelined: the next
    one is decided while the last one's sends are acknowledged, and commits
-   follow fetch order (at most ``fetches_in_flight`` unsettled at once).
+   follow fetch order (``fetches_in_flight`` bounds what waits to be settled).
 
 Within a fetch, records are decided one partition at a time in turn, and
 their writes start as they are decided, so a quiet org's record fetched
@@ -101,8 +101,9 @@ class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_poll_records: int = 500
     #: Bytes read per ingress partition per fetch (see ``start``).
     max_partition_fetch_bytes: int = 64 * 1024
-    #: Fetches decided and not yet acknowledged and committed, at most. 2: the
-    #: next fetch is decided while the broker acknowledges the last one.
+    #: Fetches settled or waiting to be (acknowledged, then committed) while
+    #: the next one is decided; so at most this + 1 fetches have writes in
+    #: flight. 2: the next fetch is decided while the last is acknowledged.
     fetches_in_flight: int = 2
     #: How long a stop waits for the fetches in hand to be settled.
     stop_settle_s: float = 30.0
@@ -308,7 +309,8 @@ class AdmissionService:
         offsets are committed, in order, by :meth:`_settle_loop`), the next
         fetch is already being decided, so an org's record arriving during a
         burst waits for one fetch's decisions, not for the round trips too.
-        At most ``fetches_in_flight`` fetches are unsettled at once.
+        At most ``fetches_in_flight`` fetches wait to be settled while the
+        next is decided.
         """
         queue: asyncio.Queue[_Fetch | None] = asyncio.Queue(
             maxsize=max(1, self.settings.fetches_in_flight - 1))
