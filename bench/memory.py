@@ -143,9 +143,9 @@ def measure_service(recs: list[_Record]) -> tuple[int, int]:
 
 def breakdown(recs: list[_Record]) -> dict[str, float]:
     """Bytes per request of each structure, built step by step as the intake builds them."""
+    from plumbing.offsets import OffsetTracker
     from scheduler.core import Scheduler
     from scheduler.entry import Entry
-    from scheduler.offsets import OffsetTracker
     from scheduler.snapshot import Backlog
 
     config = parse_config(CONFIG)

@@ -2,7 +2,7 @@
 
 One consumer (group ``<prefix>scheduler``, manual commits) reads every
 ``requests.<tier>`` topic. Each record is decoded and pushed into the core
-at once; its offset is *held* (:mod:`scheduler.offsets`) until the service
+at once; its offset is *held* (:mod:`plumbing.offsets`) until the service
 reports the request done (its batch or its ``expired`` result acknowledged
 by the broker), and offsets are committed only up to the oldest held one.
 A crash therefore replays every request not yet done; a replayed id already
@@ -39,10 +39,10 @@ from structlog.contextvars import bound_contextvars
 
 from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import KafkaSettings, consumer_lag, in_group, make_consumer, stop_consumer
+from plumbing.offsets import OffsetTracker
 from scheduler.core import Scheduler
 from scheduler.entry import Entry
 from scheduler.metrics import SchedulerMetrics
-from scheduler.offsets import OffsetTracker
 from scheduler.snapshot import Backlog
 from schemas.codec import DecodeError, codec_for, content_type, format_from_headers
 from schemas.config import Config

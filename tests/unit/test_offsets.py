@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.offsets import OffsetTracker
+from plumbing.offsets import OffsetTracker
 
 TP = ("t", 0)
 
