@@ -15,7 +15,10 @@ import sys
 
 import structlog
 
-__all__ = ["LogSampler", "configure_logging", "get_logger"]
+__all__ = ["LogSampler", "configure_logging", "debug_enabled", "get_logger"]
+
+#: The level configured last (``configure_logging``); INFO until then.
+_level = logging.INFO
 
 
 def configure_logging(level: str | None = None, *, json: bool | None = None, stream=None) -> None:
@@ -29,8 +32,10 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
     that log through the standard library (aiokafka's warnings) are rendered
     the same way, so a JSON stream holds nothing but JSON lines.
     """
+    global _level
     stream = stream or sys.stderr
     level = (level or os.environ.get("SF_LOG_LEVEL") or "INFO").upper()
+    _level = logging.getLevelName(level)
     env_json = os.environ.get("SF_LOG_JSON")
     if json is None:
         json = env_json == "1" if env_json in ("0", "1") else not stream.isatty()
@@ -87,6 +92,11 @@ class _NamedLoggerFactory:
         logger = structlog.WriteLogger(self._stream)
         logger.name = args[0] if args and isinstance(args[0], str) else None
         return logger
+
+
+def debug_enabled() -> bool:
+    """True when debug lines are written: a hot path builds them only then."""
+    return _level <= logging.DEBUG
 
 
 def get_logger(name: str | None = None, **bound) -> structlog.stdlib.BoundLogger:

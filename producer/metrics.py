@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from plumbing.labels import cached_labels
 from plumbing.logs import LogSampler
 
 __all__ = ["AdmissionMetrics", "LogSampler"]
@@ -77,3 +78,8 @@ class AdmissionMetrics:
             "sf_admission_config_reloads_total", "Configuration reloads, applied or refused.",
             ["result"], registry=registry,
         )
+        # Children of the per-request counters, resolved once per label set.
+        self.admitted_counter = cached_labels(self.admitted)
+        self.rejected_counter = cached_labels(self.rejected)
+        self.result_counter = cached_labels(self.results)
+        self.lag_gauge = cached_labels(self.lag)

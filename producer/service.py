@@ -51,9 +51,9 @@ from typing import Any, Self
 
 import msgspec
 from aiokafka import TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from prometheus_client import CollectorRegistry
-from structlog.contextvars import bound_contextvars
 
 from plumbing.brokerwatch import BrokerWatch
 from plumbing.deadletter import dead_letter
@@ -68,13 +68,16 @@ from plumbing.kafka import (
     settings_from_args,
     stop_consumer,
 )
-from plumbing.logs import configure_logging, get_logger
+from plumbing.logs import configure_logging, debug_enabled, get_logger
+from plumbing.offsets import OffsetTracker
+from plumbing.outbox import Outbox
 from plumbing.telemetry import TelemetryServer
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from producer.admission import Admitted, DeadLetterReason, Outcome, Refused, decide
 from producer.metrics import AdmissionMetrics, LogSampler
 from producer.ratelimit import RateLimiter
+from producer.readahead import ReadAhead
 from producer.throttle import ThrottleState
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
@@ -96,16 +99,24 @@ _MSGPACK_HEADERS = [("content-type", b"application/msgpack")]
 class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Tuning of one admission instance; the registry itself is the Config."""
 
-    #: Records decided per fetch. Offsets are committed per fetch, so this
-    #: bounds what a crash replays and how long a stop waits.
-    max_poll_records: int = 500
-    #: Bytes read per ingress partition per fetch (see ``start``).
-    max_partition_fetch_bytes: int = 64 * 1024
-    #: Fetches settled or waiting to be (acknowledged, then committed) while
-    #: the next one is decided; so at most this + 1 fetches have writes in
-    #: flight. 2: the next fetch is decided while the last is acknowledged.
-    fetches_in_flight: int = 2
-    #: How long a stop waits for the fetches in hand to be settled.
+    #: Records decided per step (one org at a time in turn, see
+    #: :mod:`producer.readahead`); a step's writes go out together.
+    max_step_records: int = 500
+    #: Fetched records held undecided at most. Reading ahead lets a quiet
+    #: org's record, fetched behind a burst on its partition, be decided in
+    #: the next step instead of after the burst; offsets are committed in
+    #: log order all the same, so a crash replays what was not yet written.
+    read_ahead_records: int = 50_000
+    #: Bytes read per ingress partition per fetch: large, so reading ahead
+    #: past a burst takes few fetches.
+    max_partition_fetch_bytes: int = 1024 * 1024
+    #: Steps handed to the producer and not yet settled while the next one
+    #: is decided (acknowledged, offsets released).
+    steps_in_flight: int = 4
+    #: At most one ingress commit per this interval while steps keep coming
+    #: (a step settled with none behind it is committed at once).
+    commit_interval_ms: int = 200
+    #: How long a stop waits for the steps in hand to be settled.
     stop_settle_s: float = 30.0
     #: Longest wait for ingress records before checking for a stop request.
     poll_timeout_ms: int = 100
@@ -149,33 +160,35 @@ class _Send(msgspec.Struct):
     #: "admitted", "result" or "dead_letter".
     kind: str
     record: Any = None
-    #: Sent instead when this record can never be written (an admitted
-    #: request's ``failed`` result), so the sender still gets an answer.
-    fallback: _Send | None = None
+    #: An admitted request: if it can never be written, its sender gets a
+    #: ``failed`` result instead (built only then).
+    admitted: AdmittedRequest | None = None
     #: A result's status, counted in ``sf_admission_results_total`` once acknowledged.
     status: str | None = None
+    #: The ingress partition of ``record``.
+    tp: Any = None
+    #: The record's last send: once it is written, the record's offset is released.
+    last: bool = False
 
 
-class _Fetch(msgspec.Struct):
-    """One fetch between its decisions and its commit."""
+class _Step(msgspec.Struct):
+    """One step's decisions, between the producer and the commit."""
 
-    fetched_in: tuple[int, str] | None
+    generation: tuple[int, str] | None
+    offsets: OffsetTracker
     sends: list[_Send] = msgspec.field(default_factory=list)
-    futures: list[Any] = msgspec.field(default_factory=list)
-    offsets: dict[TopicPartition, int] = msgspec.field(default_factory=dict)
+    written: Any = None
 
 
-#: Decisions between two yields to the event loop while a fetch is decided.
-_YIELD_EVERY = 32
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, service: AdmissionService):
+        self.service = service
 
+    async def on_partitions_revoked(self, revoked):
+        self.service._on_revoked()
 
-def _interleave(batches: Mapping[TopicPartition, list]) -> list:
-    """The records of a fetch, one partition at a time in turn, each in its own order."""
-    queues = [records for records in batches.values() if records]
-    out: list = []
-    for i in range(max((len(q) for q in queues), default=0)):
-        out.extend(q[i] for q in queues if i < len(q))
-    return out
+    async def on_partitions_assigned(self, assigned):
+        pass
 
 
 class AdmissionService:
@@ -215,8 +228,14 @@ class AdmissionService:
         self._counters: dict[str, TokenCounter] = dict(token_counters or {})
         self._counter_specs: dict[str, TokenCounter] = {}
         self._producer = None
+        self._outbox: Outbox | None = None
         self._consumer = None
         self._state_consumer = None
+        #: Fetched records not yet decided, and every held offset (this generation).
+        self._ahead = ReadAhead()
+        self._offsets = OffsetTracker()
+        self._generation: tuple[int, str] | None = None
+        self._next_commit_s = 0.0
         self._telemetry: TelemetryServer | None = None
         self._broker: BrokerWatch | None = None
         self._keeper: TopicKeeper | None = None
@@ -247,14 +266,13 @@ class AdmissionService:
             self._config_mtime = self._mtime()
         self._producer = make_producer(self.kafka)
         await self._producer.start()
+        self._outbox = Outbox(self._producer)
         self._consumer = make_consumer(
-            self.kafka, self.topics.ingress, group_id=f"{self.topics.prefix}admission",
-            max_poll_records=self.settings.max_poll_records,
-            # Small per-partition fetches interleave the partitions: a burst on
-            # one partition then delays another org's records by one small
-            # fetch, not by a megabyte of the burst.
+            self.kafka, group_id=f"{self.topics.prefix}admission",
+            max_poll_records=self.settings.read_ahead_records,
             max_partition_fetch_bytes=self.settings.max_partition_fetch_bytes,
         )
+        self._consumer.subscribe([self.topics.ingress], listener=_Rebalance(self))
         await self._consumer.start()
         self._state_consumer = make_consumer(self.kafka, group_id=None)
         await self._state_consumer.start()
@@ -303,33 +321,41 @@ class AdmissionService:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Serve until :meth:`request_stop`; the fetches in hand are settled before it returns.
+        """Serve until :meth:`request_stop`; the steps in hand are settled before it returns.
 
-        Pipelined: while the broker acknowledges one fetch's sends (and its
-        offsets are committed, in order, by :meth:`_settle_loop`), the next
-        fetch is already being decided, so an org's record arriving during a
-        burst waits for one fetch's decisions, not for the round trips too.
-        At most ``fetches_in_flight`` fetches wait to be settled while the
-        next is decided.
+        Each turn fetches what the broker has (without waiting while there is
+        work in hand, up to ``read_ahead_records`` held), then decides one
+        step: up to ``max_step_records`` records taken one org at a time in
+        turn (:class:`producer.readahead.ReadAhead`), and hands its writes to
+        the producer in one go (:class:`plumbing.outbox.Outbox`). While the
+        broker acknowledges a step, the next is decided; :meth:`_settle_loop`
+        settles steps in order and commits each partition up to its oldest
+        record not yet written. At most ``steps_in_flight`` steps wait.
         """
-        queue: asyncio.Queue[_Fetch | None] = asyncio.Queue(
-            maxsize=max(1, self.settings.fetches_in_flight - 1))
+        queue: asyncio.Queue[_Step | None] = asyncio.Queue(
+            maxsize=max(1, self.settings.steps_in_flight))
         settler = asyncio.create_task(self._settle_loop(queue), name="admission-settle")
         self._run_over.clear()
+        s = self.settings
         try:
             while not self._stopping.is_set() and not settler.done():
-                try:
-                    batches = await self._consumer.getmany(
-                        timeout_ms=self.settings.poll_timeout_ms,
-                        max_records=self.settings.max_poll_records,
-                    )
-                    fetched_in = group_generation(self._consumer)
-                except KafkaError as e:
-                    log.warning("ingress_fetch_failed", error=repr(e))
-                    await asyncio.sleep(0.5)
+                if len(self._ahead) < s.read_ahead_records:
+                    try:
+                        batches = await self._consumer.getmany(
+                            timeout_ms=0 if self._ahead.held else s.poll_timeout_ms,
+                            max_records=s.read_ahead_records - len(self._ahead))
+                    except KafkaError as e:
+                        log.warning("ingress_fetch_failed", error=repr(e))
+                        await asyncio.sleep(0.5)
+                        continue
+                    for tp, records in batches.items():
+                        for rec in records:
+                            self._offsets.hold(tp, rec.offset)
+                        self._ahead.add(tp, records)
+                if not self._ahead.held:
                     continue
-                if batches:
-                    await queue.put(await self._handle(batches, fetched_in))
+                step = await self._step(self._ahead.take(s.max_step_records))
+                await queue.put(step)
         finally:
             try:
                 if not settler.done():
@@ -339,15 +365,15 @@ class AdmissionService:
                 self._run_over.set()
 
     async def stop(self) -> None:
-        """Stop fetching, let the fetch in hand finish, close everything, log totals."""
+        """Stop fetching, let the steps in hand finish, close everything, log totals."""
         if self._stopped:
             return
         self._stopping.set()
-        # The fetches in hand are settled (acknowledged, committed) before the clients close.
+        # The steps in hand are settled (acknowledged, committed) before the clients close.
         try:
             await asyncio.wait_for(self._run_over.wait(), self.settings.stop_settle_s)
         except TimeoutError:
-            log.warning("admission_stop_unsettled", detail="fetches in hand not settled in "
+            log.warning("admission_stop_unsettled", detail="steps in hand not settled in "
                         f"{self.settings.stop_settle_s} s: the next owner replays them")
         self._stopped = True
         for task in self._tasks:
@@ -369,93 +395,127 @@ class AdmissionService:
 
     # -- the loop --------------------------------------------------------
 
-    async def _handle(self, batches: dict[TopicPartition, list],
-                      fetched_in: tuple[int, str] | None = None) -> _Fetch:
-        """Decide a fetch's records and start writing them; :meth:`_settle` finishes it.
+    def _on_revoked(self) -> None:
+        """A rebalance: what is read ahead is the next owner's (aiokafka revokes everything).
 
-        Records are taken one partition at a time in turn (each partition in
-        its own order, so each org's order), and the writes start as the
-        decisions are made: a quiet org's record in a fetch that also holds
-        hundreds of a burst's is decided and on its way first.
+        Records decided and being written still settle, but their offsets
+        belong to the old generation: they are not committed (the next owner
+        replays them; the scheduler drops an id it already holds).
         """
-        fetch = _Fetch(fetched_in=fetched_in)
-        for n, rec in enumerate(_interleave(batches)):
-            for send in self._decide(rec):
-                fetch.sends.append(send)
-                fetch.futures.append(await self._issue(send))
-            if n % _YIELD_EVERY == _YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # let the producer flush what is decided
-        fetch.offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
-        return fetch
+        dropped = self._ahead.drop()
+        self._offsets = OffsetTracker()
+        self._generation = None
+        if dropped:
+            log.info("read_ahead_dropped", records=dropped,
+                     detail="partitions revoked: the next owner reads them again")
 
-    async def _settle_loop(self, queue: asyncio.Queue[_Fetch | None]) -> None:
-        """Settle fetches in the order they were fetched; stop committing after a failure."""
+    async def _step(self, taken: list) -> _Step:
+        """Decide ``taken`` and hand its writes to the producer; :meth:`_settle` finishes it."""
+        if self._generation is None:
+            self._generation = group_generation(self._consumer)
+        step = _Step(generation=self._generation, offsets=self._offsets)
+        outbox = self._outbox
+        for tp, rec in taken:
+            for send in self._decide(rec):
+                send.tp = tp
+                step.sends.append(send)
+                outbox.add(send.topic, send.value, key=send.key, headers=send.headers)
+        step.written = await outbox.submit()
+        return step
+
+    async def _settle_loop(self, queue: asyncio.Queue[_Step | None]) -> None:
+        """Settle steps in the order they were decided; stop committing after a failure."""
         replay_rest = False
-        while (fetch := await queue.get()) is not None:
-            if replay_rest or not await self._settle(fetch):
-                # Stopping with sends unacknowledged: this fetch, and every
+        while (step := await queue.get()) is not None:
+            if replay_rest or not await self._settle(step):
+                # Stopping with sends unacknowledged: this step, and every
                 # later one, is left to be replayed by the next owner.
                 replay_rest = True
+                continue
+            if queue.empty() or time.monotonic() >= self._next_commit_s:
+                await self._commit(step)
 
-    async def _settle(self, fetch: _Fetch) -> bool:
-        """Wait for a fetch's writes (retrying failures), then commit its offsets."""
-        if not await self._send_all(fetch.sends, fetch.futures):
-            return False
+    async def _settle(self, step: _Step) -> bool:
+        """Wait for a step's writes (retrying failures); release its records' offsets."""
+        outcomes = await step.written.outcomes()
+        counted = self.metrics.result_counter
+        for s, error in zip(step.sends, outcomes, strict=True):
+            if error is not None:
+                if not await self._retry(s, error):
+                    return False
+            elif s.status is not None:
+                counted(s.status).inc()
+        for s in step.sends:
+            if s.last:
+                step.offsets.release(s.tp, s.record.offset)
+        return True
+
+    async def _commit(self, step: _Step) -> None:
+        """Commit every partition up to its oldest record not yet written (this generation)."""
+        self._next_commit_s = time.monotonic() + self.settings.commit_interval_ms / 1000
+        if step.offsets is not self._offsets:
+            return  # a rebalance came in between: the next owner replays
         try:
             # Not a member of the generation it was fetched in any more
             # (rebalanced, expelled, or the broker lost the group): the next
-            # owner replays the fetch; a commit now would be stale.
-            if in_group(self._consumer, fetch.fetched_in):
-                await self._consumer.commit(fetch.offsets)
+            # owner replays; a commit now would be stale.
+            if not in_group(self._consumer, step.generation):
+                return
+            offsets = {tp: o for tp, o in self._offsets.to_commit().items()
+                       if tp in self._consumer.assignment()}
+            if offsets:
+                await self._consumer.commit(offsets)
+                self._offsets.committed(offsets)
         except KafkaError as e:
             # A rebalance took the partitions: the new owner replays them.
             log.warning("ingress_commit_failed", error=repr(e))
-        for tp, next_offset in fetch.offsets.items():
+            return
+        lag = self.metrics.lag_gauge
+        for tp in self._consumer.assignment():
             highwater = self._consumer.highwater(tp)
-            if highwater is not None:
-                self.metrics.lag.labels(str(tp.partition)).set(max(0, highwater - next_offset))
-        return True
+            at = self._offsets.committable(tp)
+            if highwater is not None and at is not None:
+                lag(str(tp.partition)).set(max(0, highwater - at))
 
     def _decide(self, rec) -> list[_Send]:
         started = time.perf_counter()
         outcome = decide(rec.value, rec.headers, rec.timestamp, self.config, self.limiter,
                          self.throttle, self._counters, self.now_ms())
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
-        return self._account(outcome, rec)
+        sends = self._account(outcome, rec)
+        sends[-1].last = True
+        return sends
 
     def _account(self, outcome: Outcome, rec) -> list[_Send]:
+        m = self.metrics
         match outcome:
             case Admitted(request=req, topic=topic):
-                self.metrics.admitted.labels(req.endpoint, req.tier).inc()
+                m.admitted_counter(req.endpoint, req.tier).inc()
                 self.totals["admitted"] += 1
-                with bound_contextvars(request_id=req.id, org=req.org):
-                    log.debug("request_admitted", endpoint=req.endpoint, tier=req.tier,
-                              tokens=req.tokens, topic=topic)
-                failed = Result(id=req.id, status="failed", org=req.org, endpoint=req.endpoint,
-                                reason="admission_send_failed",
-                                message=f"the admitted request could not be written to {topic}")
+                if debug_enabled():
+                    log.debug("request_admitted", request_id=req.id, org=req.org,
+                              endpoint=req.endpoint, tier=req.tier, tokens=req.tokens,
+                              topic=topic)
                 return [_Send(topic, _admitted_codec.encode(req), req.org.encode(),
-                              _MSGPACK_HEADERS, "admitted", rec,
-                              self._result_send(failed, req.reply_to, req.reply_format, rec))]
+                              _MSGPACK_HEADERS, "admitted", rec, admitted=req)]
             case Refused(result=result, reply_to=reply_to, reply_format=fmt):
                 endpoint, tier = self._labels(result.org, result.endpoint)
-                self.metrics.rejected.labels(endpoint, tier, result.reason or "").inc()
+                m.rejected_counter(endpoint, tier, result.reason or "").inc()
                 self.totals[f"{result.status}:{result.reason}"] += 1
-                with bound_contextvars(request_id=result.id, org=result.org):
-                    self._sampler.log(log, "info", "request_rejected", self.now_ms(),
-                                      endpoint=result.endpoint, status=result.status,
-                                      reason=result.reason, retry_after_ms=result.retry_after_ms,
-                                      message=result.message)
+                if self._sampler.allow(self.now_ms()):
+                    log.info("request_rejected", request_id=result.id, org=result.org,
+                             endpoint=result.endpoint, status=result.status,
+                             reason=result.reason, retry_after_ms=result.retry_after_ms,
+                             message=result.message)
                 return [self._result_send(result, reply_to, fmt, rec)]
             case DeadLetterReason(reason=reason, error=error, result=result,
                                   reply_to=reply_to, reply_format=fmt):
-                self.metrics.dead_letters.labels(reason).inc()
+                m.dead_letters.labels(reason).inc()
                 self.totals[f"dead_letter:{reason}"] += 1
                 ids = {"request_id": result.id, "org": result.org} if result else {}
-                with bound_contextvars(**ids):
-                    self._sampler.log(log, "warning", "request_dead_lettered", self.now_ms(),
-                                      reason=reason, error=error[:500], partition=rec.partition,
-                                      offset=rec.offset)
+                if self._sampler.allow(self.now_ms()):
+                    log.warning("request_dead_lettered", **ids, reason=reason,
+                                error=error[:500], partition=rec.partition, offset=rec.offset)
                 sends = [self._dead_letter_send(rec, reason, error)]
                 if result is not None and reply_to is not None:
                     sends.append(self._result_send(result, reply_to, fmt, rec))
@@ -478,33 +538,15 @@ class AdmissionService:
         return _Send(self.topics.dead_letters, _dead_codec.encode(letter), None,
                      _MSGPACK_HEADERS, "dead_letter", rec)
 
-    async def _issue(self, s: _Send) -> asyncio.Future | BaseException:
-        """Start writing one record: its delivery future, or the error that refused it."""
-        try:
-            return await self._producer.send(s.topic, s.value, key=s.key, headers=s.headers)
-        except Exception as e:  # noqa: BLE001 - retried one by one in _send_all
-            return e
-
-    async def _send_all(self, sends: list[_Send],
-                        futures: list[asyncio.Future | BaseException] | None = None) -> bool:
-        """Write every record, in order; True once all are acknowledged (or dead-lettered).
-
-        ``futures``: the sends were already issued (:meth:`_issue`), these are their outcomes.
-        """
-        if futures is None:
-            futures = [await self._issue(s) for s in sends]
-        results = await asyncio.gather(
-            *(f for f in futures if not isinstance(f, BaseException)), return_exceptions=True
-        )
-        it = iter(results)
-        outcomes = [f if isinstance(f, BaseException) else next(it) for f in futures]
-        for s, outcome in zip(sends, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                if not await self._retry(s, outcome):
-                    return False
-            elif s.status is not None:
-                self.metrics.results.labels(s.status).inc()
-        return True
+    def _fallback(self, s: _Send) -> _Send | None:
+        """What the sender gets when ``s`` can never be written: an admitted request's ``failed``."""
+        req = s.admitted
+        if req is None:
+            return None
+        failed = Result(id=req.id, status="failed", org=req.org, endpoint=req.endpoint,
+                        reason="admission_send_failed",
+                        message=f"the admitted request could not be written to {s.topic}")
+        return self._result_send(failed, req.reply_to, req.reply_format, s.record)
 
     async def _retry(self, s: _Send, error: BaseException) -> bool:
         """Retry one failed send; False only when stopping before it got through."""
@@ -528,7 +570,7 @@ class AdmissionService:
             try:
                 await self._producer.send_and_wait(s.topic, s.value, key=s.key, headers=s.headers)
                 if s.status is not None:
-                    self.metrics.results.labels(s.status).inc()
+                    self.metrics.result_counter(s.status).inc()
                 return True
             except Exception as e:  # noqa: BLE001 - classified at the top of the loop
                 error = e
@@ -542,9 +584,18 @@ class AdmissionService:
                                                 f"writing to {s.topic} failed: {error!r}"))
         self.metrics.dead_letters.labels(f"{s.kind}_undeliverable").inc()
         then = [_Send(self.topics.dead_letters, letter, None, _MSGPACK_HEADERS, "dead_letter")]
-        if s.fallback is not None:
-            then.append(s.fallback)
-        return await self._send_all(then)
+        if (fallback := self._fallback(s)) is not None:
+            then.append(fallback)
+        for t in then:
+            try:
+                await self._producer.send_and_wait(t.topic, t.value, key=t.key, headers=t.headers)
+            except Exception as e:  # noqa: BLE001 - retried (or given up) like any send
+                if not await self._retry(t, e):
+                    return False
+            else:
+                if t.status is not None:
+                    self.metrics.result_counter(t.status).inc()
+        return True
 
     # -- scheduler state -------------------------------------------------
 
