@@ -55,6 +55,17 @@ whatever was waiting for it (it fetches whenever it has room, and the old
 leader never gave it more than its slots), and that event lists it in hand.
 The cost is at most one heartbeat interval per worker on a takeover.
 
+How much each worker holds
+--------------------------
+
+``mode="credit"`` (the default): a worker's ``slots`` is a cap, and within
+it a worker gets another batch only while its measured credit leaves room
+(:mod:`scheduler.credit`: enough work to cover the round trip at its
+measured speed, plus the batch it runs, within ``max_outstanding_ms``).
+Batches a worker lists as ``released`` (it started their last micro-batch)
+no longer count against it. ``mode="slots"``: the fixed count of before,
+every outstanding batch counting until it is reported done.
+
 Choice of worker: the one with the most free slots (ties: the one sent to
 least recently), then its partitions in turn, so batches spread over every
 partition a worker owns.
@@ -63,8 +74,9 @@ partition a worker owns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
+from scheduler.credit import Credit
 from schemas.messages import WorkerEvent
 
 __all__ = ["Claim", "FlowControl", "LostWorker", "Observed", "WorkerSlots"]
@@ -91,6 +103,12 @@ class WorkerSlots:
     last_seen_ms: float = 0.0
     #: Batch ids the worker's newest event listed in hand.
     in_hand: frozenset[str] = frozenset()
+    #: Of those, the ones whose last micro-batch it started (credit returned).
+    released: frozenset[str] = frozenset()
+    #: Tokens of the outstanding batches this scheduler sent (by id).
+    tokens: dict[str, int] = field(default_factory=dict)
+    #: Measured speed and round trip (:mod:`scheduler.credit`).
+    credit: Credit = field(default_factory=Credit)
     #: Round-robin position in ``partitions``.
     next_partition: int = 0
     #: When we last sent it a batch (ms), for spreading ties.
@@ -104,7 +122,13 @@ class WorkerSlots:
 
     @property
     def free(self) -> int:
-        return max(0, self.slots - len(self.outstanding))
+        """Slots not taken by an unreleased outstanding batch."""
+        return max(0, self.slots - len(self.unreleased()))
+
+    def unreleased(self) -> list[str]:
+        """Outstanding batches whose credit the worker has not returned yet."""
+        released = self.released
+        return [b for b in self.outstanding if b not in released]
 
 
 class Claim(NamedTuple):
@@ -133,11 +157,23 @@ class Observed(NamedTuple):
     done_batch: str | None = None
 
 
-class FlowControl:
-    """The worker-slot registry of every endpoint."""
+FlowMode = Literal["credit", "slots"]
 
-    def __init__(self, worker_timeout_ms: float):
+
+class FlowControl:
+    """The worker-slot registry of every endpoint.
+
+    ``full_batch_tokens`` (endpoint -> max_batch_tokens) sizes a full batch
+    for the credit estimates; the service keeps it current on a reload.
+    """
+
+    def __init__(self, worker_timeout_ms: float, *, mode: FlowMode = "credit",
+                 max_outstanding_ms: float = 500.0,
+                 full_batch_tokens: dict[str, int] | None = None):
         self.worker_timeout_ms = worker_timeout_ms
+        self.mode: FlowMode = mode
+        self.max_outstanding_ms = max_outstanding_ms
+        self.full_batch_tokens: dict[str, int] = dict(full_batch_tokens or {})
         self.workers: dict[str, WorkerSlots] = {}
         self._by_endpoint: dict[str, dict[str, WorkerSlots]] = {}
         #: batch id -> worker it is outstanding on.
@@ -154,7 +190,10 @@ class FlowControl:
         """Apply one worker event; stale events (older than the timeout) are ignored."""
         if ev.sent_ms < now_ms - self.worker_timeout_ms:
             return Observed(accepted=False)
-        done = self._done_batch(ev.batch_id) if ev.kind == "batch_done" and ev.batch_id else None
+        done = None
+        if ev.kind == "batch_done" and ev.batch_id:
+            self._measure(ev, now_ms)
+            done = self._done_batch(ev.batch_id)
         if ev.kind == "bye":
             w = self.workers.get(ev.worker)
             lost = self._remove(w, "bye") if w is not None else None
@@ -171,11 +210,26 @@ class FlowControl:
         w.last_seen_ms = seen
         w.slots = ev.slots
         w.in_hand = frozenset(ev.in_flight)
+        w.released = frozenset(ev.released)
         for batch_id in ev.in_flight:
             if batch_id not in w.outstanding and batch_id not in self._recently_done:
                 self._add(w, batch_id, seen)
         self._set_partitions(w, ev.partitions, seen)
         return Observed(accepted=True, joined=joined, done_batch=done)
+
+    def _measure(self, ev: WorkerEvent, now_ms: float) -> None:
+        """Feed a ``batch_done`` to the reporting worker's credit (speed, round trip)."""
+        reporter = self.workers.get(ev.worker)
+        if reporter is None:
+            return
+        round_trip = None
+        owner = self.workers.get(self._batch_owner.get(ev.batch_id, ""))
+        if owner is not None and ev.batch_id in owner.tokens and ev.held_ms > 0:
+            # Our clock from sending to reading the report, less the worker's own time.
+            round_trip = now_ms - owner.outstanding[ev.batch_id] - ev.held_ms
+        service_ms = ev.service_ms or ev.inference_ms
+        reporter.credit.observe(tokens=ev.batch_tokens, service_ms=service_ms,
+                                round_trip_ms=round_trip)
 
     def _set_partitions(self, w: WorkerSlots, partitions: list[int], seen: float) -> None:
         parts = sorted(set(partitions))
@@ -198,13 +252,29 @@ class FlowControl:
 
     # -- sending ---------------------------------------------------------------
 
+    def free_count(self, w: WorkerSlots) -> int:
+        """Batches ``w`` may still take by count (released ones count in ``slots`` mode)."""
+        if self.mode == "slots":
+            return max(0, w.slots - len(w.outstanding))
+        return w.free
+
+    def has_room(self, w: WorkerSlots) -> bool:
+        """May one more batch go to ``w`` now (count, then credit)?"""
+        if self.free_count(w) <= 0 or not w.usable:
+            return False
+        if self.mode == "slots":
+            return True
+        full = self.full_batch_tokens.get(w.endpoint, 0)
+        return w.credit.room((w.tokens.get(b, full) for b in w.unreleased()), cap=w.slots,
+                             full_tokens=full, max_outstanding_ms=self.max_outstanding_ms)
+
     def free_workers(self, endpoint: str) -> list[WorkerSlots]:
-        """Workers of ``endpoint`` that own a partition and have a free slot."""
+        """Workers of ``endpoint`` that own a partition and have room for a batch."""
         return [w for w in self._by_endpoint.get(endpoint, {}).values()
-                if w.free > 0 and w.usable and self.owned(w)]
+                if self.has_room(w) and self.owned(w)]
 
     def free_slots(self, endpoint: str) -> int:
-        return sum(w.free for w in self.free_workers(endpoint))
+        return sum(self.free_count(w) for w in self.free_workers(endpoint))
 
     def claim(self, endpoint: str) -> Claim | None:
         """The worker and partition for ``endpoint``'s next batch, or None if none is free.
@@ -213,27 +283,29 @@ class FlowControl:
         except that the worker's partition turn advances.
         """
         best: WorkerSlots | None = None
+        best_key = (0, 0.0)
         best_parts: list[int] = []
         for w in self._by_endpoint.get(endpoint, {}).values():
-            if w.free <= 0 or not w.usable or (best is not None and
-                               (w.free, -w.last_sent_ms) <= (best.free, -best.last_sent_ms)):
+            key = (self.free_count(w), -w.last_sent_ms)
+            if (best is not None and key <= best_key) or not self.has_room(w):
                 continue
             parts = self.owned(w)
             if parts:
-                best, best_parts = w, parts
+                best, best_key, best_parts = w, key, parts
         if best is None:
             return None
         i = best.next_partition % len(best_parts)
         best.next_partition = i + 1
         return Claim(best.worker, best_parts[i])
 
-    def sent(self, worker: str, batch_id: str, now_ms: float) -> None:
-        """Count ``batch_id`` outstanding on ``worker`` from now on."""
+    def sent(self, worker: str, batch_id: str, now_ms: float, tokens: int = 0) -> None:
+        """Count ``batch_id`` (of ``tokens``) outstanding on ``worker`` from now on."""
         w = self.workers.get(worker)
         if w is None:
             return
         w.last_sent_ms = now_ms
         self._add(w, batch_id, now_ms)
+        w.tokens[batch_id] = tokens
 
     def done(self, batch_id: str) -> str | None:
         """Free ``batch_id``'s slot wherever it is outstanding; returns that worker."""
@@ -304,6 +376,7 @@ class FlowControl:
 
     def _forget(self, w: WorkerSlots, batch_id: str) -> None:
         w.outstanding.pop(batch_id, None)
+        w.tokens.pop(batch_id, None)
         if self._batch_owner.get(batch_id) == w.worker:
             del self._batch_owner[batch_id]
 
@@ -317,6 +390,7 @@ class FlowControl:
         owner = self._batch_owner.pop(batch_id, None)
         if owner is not None:
             self.workers[owner].outstanding.pop(batch_id, None)
+            self.workers[owner].tokens.pop(batch_id, None)
         return owner
 
     def _remove(self, w: WorkerSlots, reason: str) -> LostWorker:

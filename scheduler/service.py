@@ -140,6 +140,11 @@ class SchedulerSettings:
     totals_log_interval_s: float = 30.0
 
 
+def _full_batches(config: Config) -> dict[str, int]:
+    """A full batch's tokens per endpoint, for flow control's estimates."""
+    return {name: ep.max_batch_tokens for name, ep in config.endpoints.items()}
+
+
 class SchedulerService:
     """The fair scheduler on Kafka: ``async with SchedulerService(...) as s: await s.run()``."""
 
@@ -153,7 +158,10 @@ class SchedulerService:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SchedulerMetrics(self.registry, config)
         self.core = Scheduler(config, self.settings.policy)
-        self.flow = FlowControl(config.service.worker_timeout_ms)
+        self.flow = FlowControl(config.service.worker_timeout_ms,
+                                mode=config.service.flow_control,
+                                max_outstanding_ms=config.service.max_outstanding_ms,
+                                full_batch_tokens=_full_batches(config))
         self.backlog = Backlog()
         self.rates = ServiceRate()
         self.instance = uuid.uuid4().hex[:8]
@@ -366,6 +374,9 @@ class SchedulerService:
         await ensure_topics(self.kafka, self.topics.all(config))
         self.core.reconfigure(config)
         self.flow.worker_timeout_ms = config.service.worker_timeout_ms
+        self.flow.mode = config.service.flow_control
+        self.flow.max_outstanding_ms = config.service.max_outstanding_ms
+        self.flow.full_batch_tokens = _full_batches(config)
         self.config = config
         self.metrics.configure(config)
         self.intake.reconfigure(config)
@@ -584,7 +595,7 @@ class SchedulerService:
                     worker=claim.worker,
                     epoch=self.epoch,
                 )
-                self.flow.sent(claim.worker, batch.id, now * 1000)
+                self.flow.sent(claim.worker, batch.id, now * 1000, batch.tokens)
                 self._sent_tokens[batch.id] = batch.tokens
                 if len(self._sent_tokens) > _SENT_TOKENS_KEPT:
                     del self._sent_tokens[next(iter(self._sent_tokens))]

@@ -148,7 +148,18 @@ class ServiceConfig(_Config):
     #: scheduler can be fair. Many partitions (keyed by org) make that rare.
     ingress_partitions: Annotated[int, Meta(ge=1, le=1024)] = 16
     results_partitions: Annotated[int, Meta(ge=1, le=1024)] = 4
-    worker_slots: Annotated[int, Meta(ge=1, le=64)] = 2
+    #: The most batches a worker holds at once before it starts the last
+    #: micro-batch of one: the cap of flow control (``flow_control``).
+    worker_slots: Annotated[int, Meta(ge=1, le=64)] = 16
+    #: ``credit``: within ``worker_slots``, each worker holds the work its
+    #: measured speed needs to cover the round trip to the scheduler, plus the
+    #: batch it runs (``docs/protocol.md``); ``slots``: always
+    #: ``worker_slots`` batches, each until it is done (the fixed count).
+    flow_control: Literal["credit", "slots"] = "credit"
+    #: With ``credit``: most estimated work (ms) outstanding at one worker,
+    #: whatever the round trip measures: what a quiet org's request can find
+    #: ahead of it at the worker.
+    max_outstanding_ms: Annotated[int, Meta(ge=1)] = 500
     #: A worker not heard from for this long loses its slots.
     worker_timeout_ms: PositiveInt = 10_000
     heartbeat_ms: PositiveInt = 1_000

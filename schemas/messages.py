@@ -214,10 +214,19 @@ class WorkerEvent(Message, kw_only=True):
     sent_ms: EpochMs
     #: Batches the worker still has in hand (taken but not yet finished).
     in_flight: list[str] = []
+    #: Of ``in_flight``, the batches whose last micro-batch has started: their
+    #: credit is returned, so the next batch can be on its way meanwhile.
+    released: list[str] = []
     batch_id: str | None = None
     batch_requests: Int64 = 0
     batch_tokens: Int64 = 0
     inference_ms: float = 0.0
+    #: ``batch_done``: how long the batch had the model (its service time) and
+    #: how long the worker held it, from taking it off its partition to this
+    #: report (ms, the worker's clock); the scheduler measures the round trip
+    #: as its own time from sending the batch to reading this, less ``held_ms``.
+    service_ms: float = 0.0
+    held_ms: float = 0.0
     timings: list[BatchTiming] = []
 
 

@@ -74,6 +74,10 @@ class _Pending:
     reported: bool = False
 
 
+async def _inline(fn, /, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -85,7 +89,8 @@ class BatchExecutor:
                  max_padded_tokens: int = 4096, max_size: int = 32,
                  window: int | None = None,
                  run_in_thread: RunInThread = asyncio.to_thread,
-                 on_microbatch: Callable[[MicrobatchStats], None] | None = None):
+                 on_microbatch: Callable[[MicrobatchStats], None] | None = None,
+                 on_last_step: Callable[[Batch], None] | None = None):
         if kind not in ("embed", "rerank"):
             raise ValueError(f"kind must be 'embed' or 'rerank', got {kind!r}")
         self.model = model
@@ -94,8 +99,12 @@ class BatchExecutor:
         self.max_padded_tokens = max_padded_tokens
         self.max_size = max_size
         self.window = window
-        self._thread = run_in_thread
+        # A model that declares itself instant (a fake at zero time) is called
+        # on the event loop: a thread hop would cost more than the call.
+        self._thread = _inline if getattr(model, "instant", False) else run_in_thread
         self._on_microbatch = on_microbatch or (lambda s: None)
+        #: Called as a batch's last model call starts (the worker returns its credit then).
+        self._on_last_step = on_last_step or (lambda b: None)
 
     async def serve(self, batch: Batch) -> AsyncIterator[list[Served]]:
         """Yield the results completed by each step, in run order; every request once."""
@@ -119,7 +128,9 @@ class BatchExecutor:
             async for done in self._embed(batch, work):
                 yield done
         else:
-            for req in work:
+            for i, req in enumerate(work):
+                if i == len(work) - 1:
+                    self._on_last_step(batch)
                 yield [await self._rerank(batch, req)]
 
     # -- embeddings ------------------------------------------------------------
@@ -145,11 +156,13 @@ class BatchExecutor:
                                  max_padded_tokens=self.max_padded_tokens,
                                  max_size=self.max_size, order="given",
                                  max_seq_length=model.max_seq_length, window=self.window)
-        for group in plan:
+        for n, group in enumerate(plan):
             # Texts of a request that already failed are not worth computing.
             idx = [live[g] for g in group if pending[owner[live[g]][0]].error is None]
             if not idx:
                 continue
+            if n == len(plan) - 1:
+                self._on_last_step(batch)
             touched = await self._encode_group(model, texts, lengths, idx, owner, pending)
             if done := self._take_done(pending, touched):
                 yield [self._from_pending(batch, p) for p in done]

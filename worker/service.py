@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import os
 import signal
 import socket
@@ -67,11 +66,13 @@ from plumbing.kafka import (
     settings_from_args,
     stop_consumer,
 )
-from plumbing.logs import LogSampler
+from plumbing.labels import cached_labels
+from plumbing.logs import LogSampler, debug_enabled
+from plumbing.offsets import OffsetTracker
+from plumbing.outbox import Outbox, Written
 from plumbing.telemetry import TelemetryServer
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
-from scheduler.offsets import OffsetTracker
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Batch, BatchTiming, Result, WorkerEvent
@@ -88,6 +89,7 @@ _batch_codec = codec_for(Batch)
 _result_codec = codec_for(Result)
 _event_codec = codec_for(WorkerEvent)
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
+_CONTENT_TYPE = {fmt: [("content-type", content_type(fmt).encode())] for fmt in ("json", "msgpack")}
 
 
 @dataclass(frozen=True)
@@ -142,10 +144,13 @@ class WorkerStats:
     batches: int = 0
     requests: int = 0
     dead_letters: int = 0
-    #: Most batches in hand at once.
+    #: Most batches in hand at once that counted against the slots (a batch
+    #: whose last micro-batch started has returned its credit and no longer
+    #: counts; so a worker may hold ``slots`` + the ones finishing).
     max_in_hand: int = 0
-    #: Most batches sent to this worker and not finished at once: in hand
-    #: plus those waiting on its partitions. Flow control keeps it <= slots.
+    #: Most batches sent to this worker and counting against its slots at
+    #: once: those in hand plus those waiting on its partitions. Flow
+    #: control keeps it <= slots.
     max_backlog: int = 0
     #: Results acknowledged by the broker, by status.
     results: Counter = field(default_factory=Counter)
@@ -223,18 +228,27 @@ class WorkerService:
         self.batch_topic = self.topics.batches(self.endpoint)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry)
+        results, latency = (cached_labels(self.metrics.results),
+                            cached_labels(self.metrics.latency))
+        self._results_counter = lambda status: results(settings.endpoint, status)
+        self._latency = lambda tier: latency(settings.endpoint, tier)
         self.stats = WorkerStats()
         self.model = model
         self.executor: BatchExecutor | None = None
         self.offsets = OffsetTracker()
         self._in_hand: dict[str, asyncio.Task] = {}  # batch id -> its task
         self._in_hand_tp: dict[str, TopicPartition] = {}
+        #: Batches in hand whose last micro-batch started: their credit is returned.
+        self._released: set[str] = set()
+        #: batch id -> when it was taken off its partition (monotonic s).
+        self._taken_s: dict[str, float] = {}
         #: Newest scheduler epoch seen per batch partition (fencing, see _fenced).
         self._epochs: dict[TopicPartition, int] = {}
         self._freed = asyncio.Event()
         self._model_lock = asyncio.Lock()
         self._partitions: list[int] = []
         self._producer = None
+        self._outbox: Outbox | None = None
         self._consumer = None
         self._telemetry: TelemetryServer | None = None
         self._broker: BrokerWatch | None = None
@@ -242,6 +256,7 @@ class WorkerService:
         self._sampler = LogSampler(settings.log_lines_per_s)
         self._tiers = frozenset(config.tier_names)
         self._tasks: list[asyncio.Task] = []
+        self._side: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self.started = False
 
@@ -278,10 +293,13 @@ class WorkerService:
         self.executor = BatchExecutor(
             self.model, self.kind, worker=self.worker_id,
             max_padded_tokens=s.microbatch_padded_tokens, max_size=s.microbatch_size,
-            on_microbatch=self._microbatch_done, run_in_thread=run_in_thread)
+            on_microbatch=self._microbatch_done, run_in_thread=run_in_thread,
+            on_last_step=self._release)
         created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._producer = make_producer(self.kafka, linger_ms=0)
         await self._producer.start()
+        # Results are read whole by their reader: partitions in turn, no hash per request id.
+        self._outbox = Outbox(self._producer, hash_keys=False)
         self._consumer = make_consumer(self.kafka, group_id=f"{self.topics.prefix}worker."
                                        f"{self.endpoint}", max_poll_records=self.slots)
         self._consumer.subscribe([self.batch_topic], listener=_Listener(self))
@@ -326,6 +344,7 @@ class WorkerService:
             await asyncio.wait(list(self._in_hand.values()), timeout=60)
         await self._cancel(self._tasks[1:])
         self._tasks = []
+        await self._cancel(list(self._side))
         with contextlib.suppress(KafkaError):
             await self._announce("bye", partitions=[], slots=0)
         with contextlib.suppress(KafkaError):
@@ -337,7 +356,7 @@ class WorkerService:
     async def abort(self) -> None:
         """Die as a crashed process would: no bye, no commit (for failure tests)."""
         self._stopping.set()
-        await self._cancel(self._tasks + list(self._in_hand.values()))
+        await self._cancel(self._tasks + list(self._in_hand.values()) + list(self._side))
         self._tasks = []
         self._in_hand.clear()
         await self._close()
@@ -408,8 +427,9 @@ class WorkerService:
         ev = WorkerEvent(
             worker=self.worker_id, endpoint=self.endpoint, kind=kind,
             partitions=self._partitions if partitions is None else partitions,
-            slots=slots, free_slots=max(0, slots - len(self._in_hand)),
-            sent_ms=int(time.time() * 1000), in_flight=list(self._in_hand), **fields)
+            slots=slots, free_slots=max(0, slots - self._holding()),
+            sent_ms=int(time.time() * 1000), in_flight=list(self._in_hand),
+            released=[b for b in self._in_hand if b in self._released], **fields)
         md = await self._producer.send_and_wait(self.topics.worker_events,
                                                 _event_codec.encode(ev),
                                                 key=self.worker_id.encode(),
@@ -446,10 +466,32 @@ class WorkerService:
 
     # -- batches ---------------------------------------------------------------
 
+    def _holding(self) -> int:
+        """Batches in hand that still count against ``slots`` (credit not returned)."""
+        return len(self._in_hand) - len(self._released)
+
+    def _release(self, batch: Batch) -> None:
+        """``batch`` starts its last micro-batch: return its credit now, not after it."""
+        if batch.id not in self._in_hand or batch.id in self._released:
+            return
+        self._released.add(batch.id)
+        self._freed.set()
+        self._spawn(self._announce("heartbeat"), "released")
+
+    def _spawn(self, coro, kind: str) -> None:
+        task = asyncio.create_task(coro)
+        self._side.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._side.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("event_send_failed", kind=kind, error=repr(t.exception()))
+        task.add_done_callback(done)
+
     async def _fetch_loop(self) -> None:
         consumer = self._consumer
         while True:
-            free = self.slots - len(self._in_hand)
+            free = self.slots - self._holding()
             if free <= 0:
                 self._freed.clear()
                 await self._freed.wait()
@@ -477,6 +519,7 @@ class WorkerService:
             await self._fenced(tp, rec, batch, newest)
             return
         self._epochs[tp] = batch.epoch
+        self._taken_s[batch.id] = time.monotonic()
         self._in_hand[batch.id] = asyncio.create_task(self._serve(tp, rec.offset, batch),
                                                       name=f"batch-{batch.id}")
         self._in_hand_tp[batch.id] = tp
@@ -515,9 +558,9 @@ class WorkerService:
             await self._commit(only={tp})
 
     def _measure_backlog(self) -> None:
-        n = len(self._in_hand)
+        n = self._holding()
         self.stats.max_in_hand = max(self.stats.max_in_hand, n)
-        self.metrics.in_hand.labels(self.endpoint).set(n)
+        self.metrics.in_hand.labels(self.endpoint).set(len(self._in_hand))
         waiting = 0
         for p in self._partitions:
             tp = TopicPartition(self.batch_topic, p)
@@ -535,31 +578,37 @@ class WorkerService:
 
     async def _serve_bound(self, tp: TopicPartition, offset: int, batch: Batch) -> None:
         t0 = time.perf_counter()
-        sends: list[asyncio.Future] = []
+        written: list[tuple[list[Served], Written]] = []
         served: list[Served] = []
         ok: list[Served] = []
         results_ok = False
+        service_s = 0.0
         try:
             async with self._model_lock:
+                started = time.perf_counter()
                 async for done in self.executor.serve(batch):
+                    # One write per micro-batch: its results leave together.
                     for s in done:
-                        fut = await self._publish(s.request, s.result)
-                        fut.add_done_callback(functools.partial(self._result_written, s))
-                        sends.append(fut)
+                        self._publish(s.request, s.result)
+                    written.append((done, await self._outbox.submit()))
                     served.extend(done)
-            results_ok = await self._await_sends(sends)
+                service_s = time.perf_counter() - started
+            results_ok = await self._await_sends(written)
             ok = [s for s in served if s.result.status == "ok"]
+            taken = self._taken_s.get(batch.id)
+            held_ms = (time.monotonic() - taken) * 1000 if taken is not None else 0.0
             # Out of hand before announcing: a heartbeat sent meanwhile must
             # not list it again after its batch_done.
-            self._in_hand.pop(batch.id, None)
+            self._forget(batch.id)
             with contextlib.suppress(KafkaError):
-                await self._announce_done(batch, ok, sum(s.seconds for s in served))
+                await self._announce_done(batch, ok, sum(s.seconds for s in served),
+                                          service_ms=service_s * 1000, held_ms=held_ms)
         except Exception as e:  # noqa: BLE001 - a batch must never take the worker down
             # Left uncommitted: the next owner of the partition serves it again.
             self.metrics.failures.labels(self.endpoint, "batch_error").inc()
             log.error("batch_failed", requests=len(batch.requests), error=repr(e))
         finally:
-            self._in_hand.pop(batch.id, None)
+            self._forget(batch.id)
             self._in_hand_tp.pop(batch.id, None)
             self.metrics.in_hand.labels(self.endpoint).set(len(self._in_hand))
             self._freed.set()
@@ -577,47 +626,59 @@ class WorkerService:
                           model_ms=round(sum(s.seconds for s in served) * 1000, 2),
                           seconds=round(time.perf_counter() - t0, 4), committed=results_ok)
 
-    def _result_written(self, s: Served, fut: asyncio.Future) -> None:
-        """A result's send finished: count it, time it, log its outcome (once, here)."""
-        if fut.cancelled() or fut.exception() is not None:
-            return  # counted and logged by _await_sends; the batch is served again
+    def _forget(self, batch_id: str) -> None:
+        self._in_hand.pop(batch_id, None)
+        self._released.discard(batch_id)
+        self._taken_s.pop(batch_id, None)
+
+    def _result_written(self, s: Served, now: float) -> None:
+        """A result was acknowledged: count it, time it, log its outcome (once, here)."""
         req, status = s.request, s.result.status
-        self.metrics.results.labels(self.endpoint, status).inc()
+        self._results_counter(status).inc()
         self.stats.results[status] += 1
-        now = time.time()
-        with structlog.contextvars.bound_contextvars(request_id=req.id, org=req.org):
-            if status == "ok":
-                tier = req.tier if req.tier in self._tiers else "unknown"
-                self.metrics.latency.labels(self.endpoint, tier).observe(
-                    max(0.0, now - req.admitted_ms / 1000))
-                log.debug("request_served", tier=req.tier, tokens=req.tokens,
-                          inference_ms=s.result.inference_ms)
-                return
-            level = "info" if status == "expired" else "warning"
-            self._sampler.log(log, level, f"request_{status}", now * 1000, tier=req.tier,
-                              reason=s.result.reason, message=(s.result.message or "")[:300])
+        if status == "ok":
+            tier = req.tier if req.tier in self._tiers else "unknown"
+            self._latency(tier).observe(max(0.0, now - req.admitted_ms / 1000))
+            if debug_enabled():
+                log.debug("request_served", request_id=req.id, org=req.org, tier=req.tier,
+                          tokens=req.tokens, inference_ms=s.result.inference_ms)
+            return
+        level = "info" if status == "expired" else "warning"
+        self._sampler.log(log, level, f"request_{status}", now * 1000, request_id=req.id,
+                          org=req.org, tier=req.tier, reason=s.result.reason,
+                          message=(s.result.message or "")[:300])
 
-    async def _publish(self, req, result: Result) -> asyncio.Future:
+    def _publish(self, req, result: Result) -> None:
         fmt = req.reply_format
-        return await self._producer.send(
-            req.reply_to, _result_codec.encode(result, fmt), key=result.id.encode(),
-            headers=[("content-type", content_type(fmt).encode())])
+        self._outbox.add(req.reply_to, _result_codec.encode(result, fmt), key=result.id.encode(),
+                         headers=_CONTENT_TYPE[fmt])
 
-    async def _await_sends(self, sends: list[asyncio.Future]) -> bool:
-        outcomes = await asyncio.gather(*sends, return_exceptions=True)
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
+    async def _await_sends(self, written: list[tuple[list[Served], Written]]) -> bool:
+        """Wait for every result of the batch; count and log each acknowledged one."""
+        failed: list[BaseException] = []
+        for done, w in written:
+            outcomes = await w.outcomes()
+            now = time.time()
+            for s, error in zip(done, outcomes, strict=True):
+                if error is None:
+                    self._result_written(s, now)
+                else:
+                    failed.append(error)
         if failed:
             # The offset stays uncommitted: a restart (or the next owner) serves it again.
             self.metrics.failures.labels(self.endpoint, "result_send").inc(len(failed))
             log.error("results_unsent", failed=len(failed), error=repr(failed[0]))
         return not failed
 
-    async def _announce_done(self, batch: Batch, ok: list[Served], model_s: float) -> None:
+    async def _announce_done(self, batch: Batch, ok: list[Served], model_s: float, *,
+                             service_ms: float, held_ms: float) -> None:
         timings = [BatchTiming(org=s.request.org, tokens=s.request.tokens, seconds=s.seconds)
                    for s in ok if s.seconds > 0]
         await self._announce("batch_done", batch_id=batch.id, batch_requests=len(batch.requests),
                              batch_tokens=sum(s.request.tokens for s in ok),
-                             inference_ms=round(model_s * 1000, 3), timings=timings)
+                             inference_ms=round(model_s * 1000, 3),
+                             service_ms=round(service_ms, 3), held_ms=round(held_ms, 3),
+                             timings=timings)
 
     def _microbatch_done(self, s: MicrobatchStats) -> None:
         m = self.metrics

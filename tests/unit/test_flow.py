@@ -1,4 +1,4 @@
-"""FlowControl: the worker-slot registry built from worker events."""
+"""FlowControl: the worker-slot registry built from worker events (fixed slots; credit in test_credit)."""
 
 from scheduler.flow import Claim, FlowControl
 from schemas.messages import WorkerEvent
@@ -15,12 +15,12 @@ def ev(worker, kind="heartbeat", parts=(0,), slots=2, sent=0, in_flight=(), batc
 
 def test_no_worker_no_claim():
     """Nothing is sent while no worker announced itself."""
-    assert FlowControl(T).claim("embed") is None
+    assert FlowControl(T, mode="slots").claim("embed") is None
 
 
 def test_claims_never_exceed_slots_until_done():
     """A worker gets at most `slots` batches until it reports one done."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     assert f.observe(ev("w1", "hello", parts=(0, 1), slots=2, sent=1000), 1000).joined
     c1 = f.claim("embed")
     f.sent(c1.worker, "b1", 1001)
@@ -38,7 +38,7 @@ def test_claims_never_exceed_slots_until_done():
 
 def test_prefers_most_free_slots():
     """The worker with the most free slots is chosen first."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", "hello", parts=(0,), slots=1, sent=1), 1)
     f.observe(ev("b", "hello", parts=(1,), slots=3, sent=1), 1)
     assert f.claim("embed") == Claim("b", 1)
@@ -49,7 +49,7 @@ def test_prefers_most_free_slots():
 
 def test_silent_worker_is_lost_with_its_batches():
     """A worker silent past the timeout loses its slots and its batches are forgotten."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("w1", "hello", sent=0), 0)
     f.sent("w1", "b1", 10)
     assert f.expire(T - 1) == []
@@ -60,7 +60,7 @@ def test_silent_worker_is_lost_with_its_batches():
 
 def test_bye_removes_at_once():
     """A worker that says bye is gone immediately."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("w1", "hello", sent=0), 0)
     obs = f.observe(ev("w1", "bye", parts=(), slots=0, sent=5), 5)
     assert obs.lost is not None and obs.lost.reason == "bye"
@@ -69,14 +69,14 @@ def test_bye_removes_at_once():
 
 def test_stale_events_are_ignored():
     """Events older than the timeout (a replay after a restart) do not create workers."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     assert not f.observe(ev("w1", "hello", sent=0), T + 1).accepted
     assert f.claim("embed") is None
 
 
 def test_batch_done_by_another_worker_frees_the_slot():
     """After a rebalance, whoever reports a batch done frees its slot."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", "hello", parts=(0,), slots=1, sent=0), 0)
     f.sent("a", "b1", 1)
     f.observe(ev("b", "batch_done", parts=(0,), slots=1, sent=2, batch_id="b1"), 2)
@@ -87,7 +87,7 @@ def test_batch_done_by_another_worker_frees_the_slot():
 
 def test_unconfirmed_batch_is_forgotten_after_timeout():
     """A batch its worker never lists in hand stops holding a slot after the timeout."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", "hello", slots=1, sent=0), 0)
     f.sent("a", "b1", 1)
     f.observe(ev("a", slots=1, sent=T + 5), T + 5)
@@ -98,7 +98,7 @@ def test_unconfirmed_batch_is_forgotten_after_timeout():
 
 def test_batch_in_hand_keeps_its_slot():
     """A slow batch the worker lists in hand keeps its slot past the timeout."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", "hello", slots=1, sent=0), 0)
     f.sent("a", "b1", 1)
     f.observe(ev("a", slots=1, sent=T + 5, in_flight=("b1",)), T + 5)
@@ -108,14 +108,14 @@ def test_batch_in_hand_keeps_its_slot():
 
 def test_in_hand_batches_count_after_scheduler_restart():
     """A fresh registry counts the batches a worker says it holds."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", slots=1, sent=0, in_flight=("old",)), 0)
     assert f.claim("embed") is None
 
 
 def test_partition_goes_to_newest_announcement():
     """A partition announced by two workers is addressed only through the newer one."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", "hello", parts=(0, 1), slots=4, sent=0), 0)
     f.observe(ev("b", "hello", parts=(1,), slots=1, sent=5), 5)
     f.observe(ev("a", parts=(0, 1), slots=4, sent=3), 6)  # late, older heartbeat
@@ -129,7 +129,7 @@ def test_partition_goes_to_newest_announcement():
 
 def test_endpoints_are_separate():
     """A free worker of one endpoint is never used for another."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", "hello", endpoint="rerank", sent=0), 0)
     assert f.claim("embed") is None
     assert f.claim("rerank") == Claim("a", 0)
@@ -137,7 +137,7 @@ def test_endpoints_are_separate():
 
 def test_heartbeat_listing_a_done_batch_does_not_count_it_again():
     """An event sent just before a batch's done report, read after it, frees nothing twice."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", "hello", slots=1, sent=0), 0)
     f.sent("a", "b1", 1)
     f.observe(ev("a", "batch_done", slots=1, sent=5, batch_id="b1"), 5)
@@ -147,7 +147,7 @@ def test_heartbeat_listing_a_done_batch_does_not_count_it_again():
 
 def test_next_expiry_skips_batches_only_an_event_can_free():
     """A long batch in hand past the timeout does not make the next expiry lie in the past."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("a", "hello", slots=1, sent=0), 0)
     f.sent("a", "b1", 1)
     f.observe(ev("a", slots=1, sent=2 * T, in_flight=("b1",)), 2 * T)
@@ -157,7 +157,7 @@ def test_next_expiry_skips_batches_only_an_event_can_free():
 
 def test_takeover_waits_for_an_event_sent_after_it():
     """A new leader sends to a worker only once it heard from it after the takeover."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("w1", "hello", parts=(0,), slots=2, sent=1000, in_flight=("old-1",)), 1000)
     assert f.claim("embed") is not None
     f.takeover(2000)
@@ -174,7 +174,7 @@ def test_takeover_waits_for_an_event_sent_after_it():
 
 def test_forget_unconfirmed_keeps_batches_in_hand():
     """After a broker restart, batches sent but never listed in hand stop holding slots."""
-    f = FlowControl(T)
+    f = FlowControl(T, mode="slots")
     f.observe(ev("w1", "hello", parts=(0, 1), slots=2, sent=1, in_flight=("held",)), 1)
     f.sent("w1", "lost", 2)
     assert f.claim("embed") is None

@@ -1,0 +1,172 @@
+"""Credit in time: a worker holds what its measured speed needs to cover the round trip."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.credit import Credit
+from scheduler.flow import FlowControl
+from schemas.messages import WorkerEvent
+
+T = 10_000  # worker timeout (ms)
+FULL = 1000  # tokens of a full batch
+
+
+def ev(kind="heartbeat", *, sent, slots=8, in_flight=(), released=(), batch_id=None,
+       tokens=0, service_ms=0.0, held_ms=0.0, worker="w1"):
+    return WorkerEvent(worker=worker, endpoint="embed", kind=kind, partitions=[0, 1],
+                       slots=slots, free_slots=slots, sent_ms=sent, in_flight=list(in_flight),
+                       released=list(released), batch_id=batch_id, batch_tokens=tokens,
+                       service_ms=service_ms, held_ms=held_ms)
+
+
+def flow(max_outstanding_ms: float = 500.0) -> FlowControl:
+    return FlowControl(T, mode="credit", max_outstanding_ms=max_outstanding_ms,
+                       full_batch_tokens={"embed": FULL})
+
+
+def fill(f: FlowControl, now: float, prefix: str) -> list[str]:
+    """Send batches to the endpoint until flow control says no; their ids."""
+    sent = []
+    while (c := f.claim("embed")) is not None:
+        bid = f"{prefix}{len(sent)}"
+        f.sent(c.worker, bid, now, FULL)
+        sent.append(bid)
+        assert len(sent) <= 64, "flow control never said no"
+    return sent
+
+
+def measure(f: FlowControl, now: float, *, service_ms: float, round_trip_ms: float,
+            rounds: int = 30) -> float:
+    """Serve ``rounds`` full batches one at a time at these speeds; returns the clock."""
+    for i in range(rounds):
+        c = f.claim("embed")
+        assert c is not None
+        bid = f"m{now}-{i}"
+        f.sent(c.worker, bid, now, FULL)
+        held = service_ms + 1.0
+        now += held + round_trip_ms
+        f.observe(ev("batch_done", sent=now, batch_id=bid, tokens=FULL, service_ms=service_ms,
+                     held_ms=held), now)
+    return now
+
+
+def test_an_unmeasured_worker_gets_one_batch_at_a_time():
+    """Nothing is known of a new worker's speed: one batch, then its report decides."""
+    f = flow()
+    f.observe(ev("hello", sent=0), 0)
+    assert fill(f, 1, "b") == ["b0"]
+
+
+def test_a_fast_worker_gets_enough_to_cover_the_round_trip():
+    """16 ms batches, 30 ms round trip: room for the running batch plus a round trip."""
+    f = flow()
+    f.observe(ev("hello", sent=0), 0)
+    now = measure(f, 1, service_ms=16, round_trip_ms=30)
+    held = fill(f, now, "b")
+    # work + full <= round trip + full: 16 k <= 46 -> k = 2 (32 ms of work queued).
+    assert len(held) == 2
+
+
+def test_a_slow_worker_gets_one_batch_more_only_when_one_is_released():
+    """300 ms batches, 30 ms round trip: one at a time; the release frees the next."""
+    f = flow()
+    f.observe(ev("hello", sent=0), 0)
+    now = measure(f, 1, service_ms=300, round_trip_ms=30)
+    assert fill(f, now, "b") == ["b0"]
+    # The worker starts b0's last micro-batch: its credit comes back.
+    f.observe(ev(sent=now + 250, in_flight=["b0"], released=["b0"]), now + 250)
+    assert fill(f, now + 250, "c") == ["c0"]
+
+
+def test_credit_follows_a_changing_round_trip():
+    """A longer round trip gives the worker more work to cover it, a shorter one less."""
+    f = flow(max_outstanding_ms=10_000)
+    f.observe(ev("hello", sent=0), 0)
+    now = measure(f, 1, service_ms=10, round_trip_ms=10)
+    short = len(fill(f, now, "a"))
+    for b in [f"a{i}" for i in range(short)]:
+        f.done(b)
+    now = measure(f, now, service_ms=10, round_trip_ms=100)
+    long = len(fill(f, now, "b"))
+    for b in [f"b{i}" for i in range(long)]:
+        f.done(b)
+    now = measure(f, now, service_ms=10, round_trip_ms=10)
+    again = len(fill(f, now, "c"))
+    assert short == 2 and long == 8 and again == 2
+
+
+def test_max_outstanding_ms_caps_what_a_long_round_trip_would_ask_for():
+    """A round trip of seconds must not queue seconds of work ahead of everyone."""
+    f = flow(max_outstanding_ms=100)
+    f.observe(ev("hello", sent=0), 0)
+    now = measure(f, 1, service_ms=20, round_trip_ms=2_000)
+    assert len(fill(f, now, "b")) == 5  # 20 k <= 100
+
+
+def test_a_silent_workers_credit_expires():
+    """A worker silent past the timeout gets nothing more; its batches are forgotten."""
+    f = flow()
+    f.observe(ev("hello", sent=0), 0)
+    now = measure(f, 1, service_ms=5, round_trip_ms=5)
+    assert fill(f, now, "b")
+    lost = f.expire(now + T + 1)
+    assert [x.reason for x in lost] == ["timeout"]
+    assert f.claim("embed") is None
+
+
+def test_slots_mode_counts_released_batches_until_done():
+    """The fixed mode: every outstanding batch holds its slot until reported done."""
+    f = FlowControl(T, mode="slots", full_batch_tokens={"embed": FULL})
+    f.observe(ev("hello", sent=0, slots=2), 0)
+    assert fill(f, 1, "b") == ["b0", "b1"]
+    f.observe(ev(sent=2, slots=2, in_flight=["b0", "b1"], released=["b0"]), 2)
+    assert f.claim("embed") is None
+
+
+def test_credit_rule_alone():
+    """Credit.room: the cap, the empty worker, the estimate, the ceiling."""
+    c = Credit()
+    assert c.room([], cap=1, full_tokens=FULL, max_outstanding_ms=1)
+    assert not c.room([FULL], cap=1, full_tokens=FULL, max_outstanding_ms=1e9)
+    c.observe(tokens=FULL, service_ms=10, round_trip_ms=25)
+    # 10 ms a batch, 25 ms round trip: room while work + 10 <= 35.
+    assert c.room([FULL, FULL], cap=4, full_tokens=FULL, max_outstanding_ms=1e9)
+    assert not c.room([FULL] * 3, cap=4, full_tokens=FULL, max_outstanding_ms=1e9)
+    assert not c.room([FULL] * 2, cap=2, full_tokens=FULL, max_outstanding_ms=1e9)
+    assert not c.room([FULL], cap=4, full_tokens=FULL, max_outstanding_ms=15)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from(["claim", "done", "release", "report", "tick"]),
+    st.integers(0, 30), st.floats(0, 400), st.floats(0, 400)), max_size=80),
+    st.integers(1, 6))
+def test_never_more_unreleased_outstanding_than_the_cap(ops, cap):
+    """Whatever the reports say and in whatever order, unreleased batches <= slots."""
+    f = flow(max_outstanding_ms=10_000)
+    now = 0.0
+    f.observe(ev("hello", sent=0, slots=cap), 0)
+    sent: list[str] = []
+    for op, pick, a, b in ops:
+        now += 1
+        if op == "claim":
+            c = f.claim("embed")
+            if c is not None:
+                bid = f"b{len(sent)}"
+                f.sent(c.worker, bid, now, FULL)
+                sent.append(bid)
+        elif op == "done" and sent:
+            bid = sent[pick % len(sent)]
+            f.observe(ev("batch_done", sent=now, slots=cap, batch_id=bid, tokens=FULL,
+                         service_ms=a, held_ms=b), now)
+        elif op in ("release", "report") and sent:
+            w = f.workers.get("w1")
+            hand = list(w.outstanding) if w else []
+            rel = hand[: pick % (len(hand) + 1)] if op == "release" else []
+            f.observe(ev(sent=now, slots=cap, in_flight=hand, released=rel), now)
+        elif op == "tick":
+            now += a
+            f.expire(now)
+        w = f.workers.get("w1")
+        if w is not None:
+            assert len(w.unreleased()) <= cap
