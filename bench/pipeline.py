@@ -35,6 +35,7 @@ import json
 import os
 import pstats
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -43,6 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
+import service_rounds
 from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import (
@@ -54,6 +56,7 @@ from plumbing.kafka import (
     settings_from_args,
 )
 from plumbing.logs import configure_logging
+from plumbing.processes import ProcessStack
 from plumbing.stack import Stack
 from plumbing.topics import delete_topics, describe_topics, ensure_topics
 from producer.replay import ReplaySettings, replay
@@ -137,59 +140,134 @@ def profile_summary(profiler: cProfile.Profile, top: int) -> str:
     return "\n".join(lines[start:start + top + 1])
 
 
+def bench_config_text(prefix: str) -> str:
+    text = (ROOT / "examples" / "config.toml").read_text()
+    return text.replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"')
+
+
+async def stack_rounds(kafka: KafkaSettings, items: list[ReplayItem], raw_args, repeat: int):
+    """(raw, pipeline) seconds per round, the pipeline in this process."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}."
+    config = bench_config(prefix)
+    raw: list[float] = []
+    pipe: list[float] = []
+    try:
+        async with Stack(config, kafka, model="fake", endpoints=["embed"]):
+            await pipeline_round(kafka, config, items[:200])  # warm-up
+            for _ in range(repeat):
+                raw.append(await raw_round(kafka, *raw_args))
+                pipe.append(await pipeline_round(kafka, config, items))
+    finally:
+        await delete_topics(kafka, await describe_topics(kafka, prefix))
+    return raw, pipe, config
+
+
+async def process_rounds(kafka: KafkaSettings, items: list[ReplayItem], raw_args, repeat: int,
+                         embedded: bool):
+    """(raw, pipeline) seconds per round, each service in a process of its own."""
+    prefix = f"benchp{uuid.uuid4().hex[:6]}."
+    config = bench_config(prefix)
+    env = {"SF_LOG_LEVEL": "WARNING"}
+    if embedded:
+        env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+    raw: list[float] = []
+    pipe: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.toml"
+        path.write_text(bench_config_text(prefix))
+        try:
+            async with ProcessStack(path, kafka.require_bootstrap(), endpoints=["embed"],
+                                    model="fake", env=env, extra_args={
+                                        "admission": ["--token-counter", "fake"]}):
+                await pipeline_round(kafka, config, items[:200])  # warm-up
+                for _ in range(repeat):
+                    raw.append(await raw_round(kafka, *raw_args))
+                    pipe.append(await pipeline_round(kafka, config, items))
+        finally:
+            await delete_topics(kafka, await describe_topics(kafka, prefix))
+    return raw, pipe
+
+
+def _row(name: str, seconds: list[float], n: int, unit: str = "msgs/s") -> str:
+    return f"{name:<52}{min(seconds):>9.2f}{n / min(seconds):>12,.0f} {unit}"
+
+
 async def amain(args: argparse.Namespace) -> dict:
     n = args.requests or (2_000 if args.quick else 10_000)
     repeat = args.repeat or (2 if args.quick else 3)
+    parts = set(args.parts.split(","))
     kafka = settings_from_args(args)
     embedded = kafka.bootstrap is None
+    figures: dict = {"requests": n, "tokens": args.tokens, "repeat": repeat}
+    lines: list[str] = []
     async with kafka_endpoint(kafka) as bootstrap:
         kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
         if embedded:
             # Our own broker: short sessions make group joins take ~1 s, not 3.
             kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
                                             heartbeat_interval_ms=500)
-        prefix = f"bench{uuid.uuid4().hex[:6]}."
-        config = bench_config(prefix)
         items = make_items(n, args.tokens)
-        sample = [msgspec.structs.replace(it.request, reply_to=f"{prefix}replies.x",
+        sample = [msgspec.structs.replace(it.request, reply_to="x.replies.x",
                                           created_ms=int(time.time() * 1000))
                   for it in items]
         values = [_codec.encode(r, "json") for r in sample]
         keys = [r.org.encode() for r in sample]
-        raw: list[float] = []
-        pipe: list[float] = []
-        try:
-            async with Stack(config, kafka, model="fake", endpoints=["embed"]):
-                await pipeline_round(kafka, config, items[:200])  # warm-up
-                for _ in range(repeat):
-                    raw.append(await raw_round(kafka, values, keys))
-                    pipe.append(await pipeline_round(kafka, config, items))
-                profile = None
-                if args.profile:
+        figures["message_bytes"] = sum(len(v) for v in values) / n
+        raw_all: list[float] = []
+        profile = None
+        if "stack" in parts:
+            raw, pipe, config = await stack_rounds(kafka, items, (values, keys), repeat)
+            raw_all += raw
+            figures |= {"raw_s": raw, "pipeline_s": pipe, "raw_rps": n / min(raw),
+                        "pipeline_rps": n / min(pipe), "ratio": min(raw) / min(pipe)}
+            lines += [_row("raw aiokafka produce + consume (1 hop)", raw, n),
+                      _row("pipeline in one process, fake model at 0 ms", pipe, n, "req/s"),
+                      f"  ratio: {figures['ratio']:.3f}"]
+            if args.profile:
+                prefix = f"benchq{uuid.uuid4().hex[:6]}."
+                config = bench_config(prefix)
+                async with Stack(config, kafka, model="fake", endpoints=["embed"]):
+                    await pipeline_round(kafka, config, items[:200])
                     profiler = cProfile.Profile()
                     profiler.enable()
                     await pipeline_round(kafka, config, items)
                     profiler.disable()
-                    profiler.dump_stats(args.profile)
-                    profile = profile_summary(profiler, 15)
-        finally:
-            await delete_topics(kafka, await describe_topics(kafka, prefix))
-    raw_rps = n / min(raw)
-    pipe_rps = n / min(pipe)
-    size = sum(len(v) for v in values) / n
-    print(f"{n:,} requests of {args.tokens} tokens ({size:.0f} B as JSON), 5 orgs; best of "
-          f"{repeat} interleaved rounds; broker {'embedded Tansu' if embedded else bootstrap}")
-    print(f"{'':<44}{'seconds':>9}{'msgs/s':>10}")
-    print(f"{'raw aiokafka produce + consume (1 hop)':<44}{min(raw):>9.2f}{raw_rps:>10,.0f}")
-    print(f"{'pipeline end to end, fake model at 0 ms':<44}{min(pipe):>9.2f}{pipe_rps:>10,.0f}")
-    print(f"ratio pipeline / raw: {pipe_rps / raw_rps:.3f} ({raw_rps / pipe_rps:.1f}x slower); "
-          f"rounds raw {', '.join(f'{x:.2f}' for x in raw)} s, pipeline "
-          f"{', '.join(f'{x:.2f}' for x in pipe)} s")
-    figures = {"requests": n, "tokens": args.tokens, "message_bytes": size, "raw_s": raw,
-               "pipeline_s": pipe, "raw_rps": raw_rps, "pipeline_rps": pipe_rps,
-               "ratio": pipe_rps / raw_rps}
+                await delete_topics(kafka, await describe_topics(kafka, prefix))
+                profiler.dump_stats(args.profile)
+                profile = profile_summary(profiler, 25)
+        if "processes" in parts:
+            raw, pipe = await process_rounds(kafka, items, (values, keys), repeat, embedded)
+            raw_all += raw
+            figures |= {"raw_processes_s": raw, "pipeline_processes_s": pipe,
+                        "pipeline_processes_rps": n / min(pipe),
+                        "ratio_processes": min(raw) / min(pipe)}
+            lines += [_row("raw aiokafka produce + consume (1 hop)", raw, n),
+                      _row("pipeline, each service its own process", pipe, n, "req/s"),
+                      f"  ratio_processes: {figures['ratio_processes']:.3f}"]
+        if "services" in parts:
+            def fresh() -> Config:
+                return bench_config(f"benchs{uuid.uuid4().hex[:6]}.")
+            for name, rounds in (
+                    ("admission", lambda: service_rounds.admission_rounds(
+                        kafka, fresh, n, args.tokens, repeat)),
+                    ("scheduler", lambda: service_rounds.scheduler_rounds(
+                        kafka, fresh, n, args.tokens, repeat, args.stub_slots)),
+                    ("worker", lambda: service_rounds.worker_rounds(
+                        kafka, fresh, n, args.tokens, repeat, args.worker_slots))):
+                relay, service = await rounds()
+                figures |= {f"{name}_relay_s": relay, f"{name}_s": service,
+                            f"{name}_rps": n / min(service),
+                            f"{name}_ratio": min(relay) / min(service)}
+                lines += [_row(f"raw relay, {name}'s records", relay, n),
+                          _row(f"{name} alone", service, n, "req/s"),
+                          f"  {name}_ratio: {figures[f'{name}_ratio']:.3f}"]
+    print(f"{n:,} requests of {args.tokens} tokens ({figures['message_bytes']:.0f} B as JSON), "
+          f"5 orgs; best of {repeat} interleaved rounds; broker "
+          f"{'embedded Tansu' if embedded else bootstrap}")
+    print(f"{'':<52}{'seconds':>9}{'rate':>12}")
+    print("\n".join(lines))
     if profile:
-        print(f"\ncProfile of one more pipeline round (tottime, top 15; full stats in "
+        print(f"\ncProfile of one more pipeline round (tottime, top 25; full stats in "
               f"{args.profile}):\n{profile}")
     return figures
 
@@ -201,6 +279,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokens", type=int, default=16, help="tokens per request")
     parser.add_argument("--repeat", type=int, default=None, help="rounds (default 3, quick 2)")
     parser.add_argument("--profile", metavar="FILE", help="profile one more pipeline round")
+    parser.add_argument("--parts", default="stack,processes,services",
+                        help="comma-separated: stack (in one process), processes, services")
+    parser.add_argument("--stub-slots", type=int, default=16,
+                        help="batches the scheduler's stub worker takes at once")
+    parser.add_argument("--worker-slots", type=int, default=4,
+                        help="batches the worker alone takes at once")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     add_kafka_arguments(parser)
     args = parser.parse_args(argv)

@@ -1,0 +1,370 @@
+"""Each service alone on the broker, against a raw aiokafka relay of the same records.
+
+Used by ``bench/pipeline.py``. A service's own cost is what it adds to the
+Kafka I/O it cannot avoid: it reads its input topic and writes its output.
+The baseline is the least a correct Kafka service does with the same
+records: a consumer in a group reads them, a producer writes the same
+output records (``send()`` each, wait for the acknowledgements, commit),
+and a reader reads them back. Both sides run in this process on the same
+event loop; time runs from the first input record sent to the last output
+record read. ``ratio = relay seconds / service seconds`` (1.0: the service
+costs nothing beyond its I/O).
+
+- **admission**: ingress requests (JSON, keyed by org) -> ``requests.<tier>``;
+  relay: each ingress record written to the tier topic as it is.
+- **scheduler**: admitted requests on ``requests.<tier>`` -> batches on
+  ``batches.embed``, read by a stub worker that reports each batch done the
+  moment it reads it (no model at all); relay: each tier record written to a
+  batch topic as it is.
+- **worker**: batches of 64 requests -> one result per request (fake model
+  at zero time); relay: each batch record answered by the same result
+  records, made beforehand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+
+from aiokafka.structs import TopicPartition
+
+from plumbing.kafka import KafkaSettings, make_consumer, make_producer
+from plumbing.topics import delete_topics, ensure_topics
+from producer.service import AdmissionService, AdmissionSettings
+from scheduler.service import SchedulerService
+from schemas.codec import codec_for
+from schemas.config import Config
+from schemas.messages import AdmittedRequest, Batch, EmbedInput, Request, Result, WorkerEvent
+from schemas.topics import Topics
+from worker.service import WorkerService, WorkerSettings
+
+__all__ = ["admission_rounds", "scheduler_rounds", "worker_rounds"]
+
+_MSGPACK = [("content-type", b"application/msgpack")]
+_JSON = [("content-type", b"application/json")]
+Record = tuple[bytes, bytes | None, list]  # value, key, headers
+
+
+async def _send_all(kafka: KafkaSettings, topic: str, records: list[Record],
+                    partition_of: Callable[[int], int | None] = lambda i: None) -> None:
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, v, key=k, headers=h, partition=partition_of(i))
+                   for i, (v, k, h) in enumerate(records)]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def _read_until(kafka: KafkaSettings, topics: dict[str, int], count: Callable[[bytes], int],
+                      total: int, started: asyncio.Event, timeout_s: float = 120.0) -> float:
+    """Read ``topics`` from their start until ``count`` of the records reaches ``total``."""
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        started.set()
+        seen = 0
+        async with asyncio.timeout(timeout_s):
+            while seen < total:
+                got = await consumer.getmany(timeout_ms=100)
+                for recs in got.values():
+                    for rec in recs:
+                        seen += count(rec.value)
+        return time.perf_counter()
+    finally:
+        await consumer.stop()
+
+
+async def _timed(kafka: KafkaSettings, send: Callable, out: dict[str, int],
+                 count: Callable[[bytes], int], total: int) -> float:
+    started = asyncio.Event()
+    reader = asyncio.create_task(_read_until(kafka, out, count, total, started))
+    await started.wait()
+    await asyncio.sleep(0.2)  # the reader's first fetch is out
+    t0 = time.perf_counter()
+    await send()
+    return await reader - t0
+
+
+class _Relay:
+    """The raw baseline: a group consumer that writes ``out_for(record)`` for each record."""
+
+    def __init__(self, kafka: KafkaSettings, in_topic: str, out_for: Callable):
+        self.kafka, self.in_topic, self.out_for = kafka, in_topic, out_for
+
+    async def __aenter__(self):
+        self.consumer = make_consumer(self.kafka, self.in_topic,
+                                      group_id=f"relay-{uuid.uuid4().hex[:8]}")
+        await self.consumer.start()
+        self.producer = make_producer(self.kafka)
+        await self.producer.start()
+        async with asyncio.timeout(30):
+            while not self.consumer.assignment():
+                await asyncio.sleep(0.05)
+        self.task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        while True:
+            got = await self.consumer.getmany(timeout_ms=100, max_records=500)
+            futures = []
+            for recs in got.values():
+                for rec in recs:
+                    for topic, value, key, headers in self.out_for(rec):
+                        futures.append(await self.producer.send(topic, value, key=key,
+                                                                headers=headers))
+            if futures:
+                await asyncio.gather(*futures)
+                await self.consumer.commit()
+
+    async def __aexit__(self, *exc):
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.producer.stop()
+        await self.consumer.stop()
+
+
+def _requests(n: int, orgs: list[str], words: int, reply_to: str) -> list[Request]:
+    text = " ".join(["word"] * words)
+    run = uuid.uuid4().hex[:6]
+    return [Request(id=f"r{i}-{run}", org=orgs[i % len(orgs)], endpoint="embed",
+                    input=EmbedInput(texts=[text]), reply_to=reply_to) for i in range(n)]
+
+
+def _admitted(n: int, orgs: list[str], config: Config, words: int) -> list[AdmittedRequest]:
+    now = int(time.time() * 1000)
+    topics = Topics.of(config)
+    text = " ".join(["word"] * words)
+    return [AdmittedRequest(id=f"a{i}-{uuid.uuid4().hex[:6]}", org=orgs[i % len(orgs)],
+                            endpoint="embed", tier=config.orgs[orgs[i % len(orgs)]].tier,
+                            input=EmbedInput(texts=[text]), tokens=words, created_ms=now,
+                            admitted_ms=now, reply_to=topics.results)
+            for i in range(n)]
+
+
+ConfigFor = Callable[[], Config]
+
+
+async def admission_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
+                           repeat: int) -> tuple[list[float], list[float]]:
+    """(relay seconds, admission seconds) per round, interleaved; a fresh prefix per round."""
+    codec = codec_for(Request)
+    relay_s, service_s = [], []
+    for r in range(repeat):
+        config = config_for()
+        topics = Topics.of(config)
+        orgs = [o for o in config.orgs if config.orgs[o].tier != "free"]
+        out = {topics.tier(t): config.service.tier_partitions for t in config.tier_names}
+        reqs = _requests(n, orgs, words, topics.results)
+        records = [(codec.encode(q, "json"), q.org.encode(), _JSON) for q in reqs]
+        # Relay: ingress -> a tier topic, each record as it is.
+        tier_topic = f"{topics.prefix}relay-{r}"
+        await ensure_topics(kafka, {topics.ingress: config.service.ingress_partitions,
+                                    tier_topic: config.service.tier_partitions})
+        async with _Relay(kafka, topics.ingress,
+                          lambda rec, t=tier_topic: [(t, rec.value, rec.key, _MSGPACK)]):
+            relay_s.append(await _timed(kafka, lambda t=topics.ingress, rs=records: _send_all(kafka, t, rs),
+                                        {tier_topic: config.service.tier_partitions},
+                                        lambda v: 1, n))
+        await delete_topics(kafka, [tier_topic, topics.ingress])
+        config = config_for()
+        topics = Topics.of(config)
+        out = {topics.tier(t): config.service.tier_partitions for t in config.tier_names}
+        records = [(codec.encode(q, "json"), q.org.encode(), _JSON)
+                   for q in _requests(n, orgs, words, topics.results)]
+        service = AdmissionService(config, kafka, settings=AdmissionSettings(token_counter="fake"))
+        await service.start()
+        task = asyncio.create_task(service.run())
+        try:
+            async with asyncio.timeout(30):
+                while not service.readiness()[0]:
+                    await asyncio.sleep(0.05)
+            service_s.append(await _timed(kafka, lambda t=topics.ingress, rs=records: _send_all(kafka, t, rs),
+                                          out, lambda v: 1, n))
+        finally:
+            service.request_stop()
+            await asyncio.wait_for(task, 30)
+            await service.stop()
+        await delete_topics(kafka, list(topics.all(config)))
+    return relay_s, service_s
+
+
+class _StubWorker:
+    """Takes batches off every partition of ``batches.embed`` and reports each done at once."""
+
+    def __init__(self, kafka: KafkaSettings, config: Config, slots: int):
+        self.kafka, self.topics, self.slots = kafka, Topics.of(config), slots
+        self.partitions = config.endpoints["embed"].partitions
+        self.requests = 0
+        self.batches = 0
+        self._batch = codec_for(Batch)
+        self._event = codec_for(WorkerEvent)
+
+    def _ev(self, kind: str, **fields) -> bytes:
+        return self._event.encode(WorkerEvent(
+            worker="stub", endpoint="embed", kind=kind, partitions=list(range(self.partitions)),
+            slots=self.slots, free_slots=self.slots, sent_ms=int(time.time() * 1000), **fields))
+
+    async def __aenter__(self):
+        self.consumer = make_consumer(self.kafka, group_id=None)
+        await self.consumer.start()
+        tps = [TopicPartition(self.topics.batches("embed"), p) for p in range(self.partitions)]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_beginning(*tps)
+        self.producer = make_producer(self.kafka, linger_ms=0)
+        await self.producer.start()
+        await self.producer.send_and_wait(self.topics.worker_events, self._ev("hello"),
+                                          key=b"stub", headers=_MSGPACK)
+        self.tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._beat())]
+        return self
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            await self.producer.send(self.topics.worker_events, self._ev("heartbeat"),
+                                     key=b"stub", headers=_MSGPACK)
+
+    async def _run(self) -> None:
+        while True:
+            got = await self.consumer.getmany(timeout_ms=100)
+            for recs in got.values():
+                for rec in recs:
+                    batch = self._batch.decode(rec.value)
+                    self.requests += len(batch.requests)
+                    self.batches += 1
+                    await self.producer.send(
+                        self.topics.worker_events,
+                        self._ev("batch_done", batch_id=batch.id,
+                                 batch_requests=len(batch.requests), batch_tokens=batch.tokens,
+                                 service_ms=0.001, held_ms=0.001),
+                        key=b"stub", headers=_MSGPACK)
+
+    async def __aexit__(self, *exc):
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.producer.stop()
+        await self.consumer.stop()
+
+
+def _tier_records(config: Config, n: int, words: int) -> dict[str, list[Record]]:
+    topics = Topics.of(config)
+    orgs = [o for o in config.orgs if config.orgs[o].tier != "free"]
+    codec = codec_for(AdmittedRequest)
+    by_tier: dict[str, list[Record]] = {}
+    for q in _admitted(n, orgs, config, words):
+        by_tier.setdefault(topics.tier(q.tier), []).append(
+            (codec.encode(q), q.org.encode(), _MSGPACK))
+    return by_tier
+
+
+async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
+                           repeat: int, slots: int) -> tuple[list[float], list[float]]:
+    """(relay seconds, scheduler seconds) per round, interleaved; the stub holds ``slots``."""
+    relay_s, service_s = [], []
+
+    def sender(by_tier: dict[str, list[Record]]):
+        return lambda: asyncio.gather(*(_send_all(kafka, t, recs) for t, recs in by_tier.items()))
+
+    for _ in range(repeat):
+        config = config_for()
+        topics = Topics.of(config)
+        by_tier = _tier_records(config, n, words)
+        out_topic = f"{topics.prefix}relay-batches"
+        await ensure_topics(kafka, {**topics.all(config), out_topic: 4})
+        relays = [_Relay(kafka, t, lambda rec, o=out_topic: [(o, rec.value, rec.key, _MSGPACK)])
+                  for t in by_tier]
+        for relay in relays:
+            await relay.__aenter__()
+        try:
+            relay_s.append(await _timed(kafka, sender(by_tier), {out_topic: 4}, lambda v: 1, n))
+        finally:
+            for relay in relays:
+                await relay.__aexit__()
+        await delete_topics(kafka, [out_topic, *topics.all(config)])
+
+        config = config_for()
+        by_tier = _tier_records(config, n, words)
+        service = SchedulerService(config, kafka)
+        await service.start()
+        task = asyncio.create_task(service.run())
+        try:
+            async with _StubWorker(kafka, config, slots) as stub:
+                async with asyncio.timeout(30):
+                    while not (service.readiness()[0] and service.flow.workers):
+                        await asyncio.sleep(0.05)
+                t0 = time.perf_counter()
+                await sender(by_tier)()
+                async with asyncio.timeout(120):
+                    while stub.requests < n:
+                        await asyncio.sleep(0.002)
+                service_s.append(time.perf_counter() - t0)
+        finally:
+            service.request_stop()
+            await asyncio.wait_for(task, 30)
+            await service.stop()
+        await delete_topics(kafka, list(Topics.of(config).all(config)))
+    return relay_s, service_s
+
+
+async def worker_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
+                        repeat: int, slots: int) -> tuple[list[float], list[float]]:
+    """(relay seconds, worker seconds) per round, interleaved; batches of 64 requests."""
+    bcodec, rcodec = codec_for(Batch), codec_for(Result)
+    relay_s, service_s = [], []
+
+    def make(config: Config):
+        topics = Topics.of(config)
+        orgs = [o for o in config.orgs if config.orgs[o].tier != "free"]
+        reqs = _admitted(n, orgs, config, words)
+        batches = [Batch(id=f"b{i}-{uuid.uuid4().hex[:6]}", endpoint="embed",
+                         requests=reqs[i:i + 64], tokens=64 * words,
+                         created_ms=int(time.time() * 1000))
+                   for i in range(0, n, 64)]
+        records = [(bcodec.encode(b), b.id.encode(), _MSGPACK) for b in batches]
+        parts = config.endpoints["embed"].partitions
+        send = lambda: _send_all(kafka, topics.batches("embed"), records,
+                                 lambda i: i % parts)
+        return topics, batches, records, send
+
+    for _ in range(repeat):
+        config = config_for()
+        topics, batches, records, send = make(config)
+        # The results a worker writes (32-dim vectors, as the fake model's), made beforehand.
+        vector = [[0.125] * 32]
+        answers = {rec[0]: [
+            (q.reply_to, rcodec.encode(Result(id=q.id, status="ok", org=q.org, endpoint="embed",
+                                              embeddings=vector, model="fake", tokens=q.tokens,
+                                              batch_id=b.id, worker="relay"), "json"),
+             q.id.encode(), _JSON) for q in b.requests] for b, rec in zip(batches, records,
+                                                                          strict=True)}
+        out = {topics.results: config.service.results_partitions}
+        await ensure_topics(kafka, topics.all(config))
+        async with _Relay(kafka, topics.batches("embed"), lambda rec, a=answers: a[rec.value]):
+            relay_s.append(await _timed(kafka, send, out, lambda v: 1, n))
+        await delete_topics(kafka, list(topics.all(config)))
+
+        config = config_for()
+        topics, batches, records, send = make(config)
+        out = {topics.results: config.service.results_partitions}
+        worker = WorkerService(config, kafka, WorkerSettings(endpoint="embed", model="fake",
+                                                            slots=slots, warm_up=False))
+        await worker.start()
+        task = asyncio.create_task(worker.run())
+        try:
+            async with asyncio.timeout(30):
+                while not worker.readiness()[0]:
+                    await asyncio.sleep(0.05)
+            service_s.append(await _timed(kafka, send, out, lambda v: 1, n))
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(task, 30)
+            await worker.stop()
+        await delete_topics(kafka, list(topics.all(config)))
+    return relay_s, service_s
