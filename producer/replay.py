@@ -72,14 +72,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
+from plumbing.bounded import WaitTimeout, bounded, stop_within
 from plumbing.kafka import (
     KafkaSettings,
     make_consumer,
     make_producer,
 )
+from plumbing.outbox import Outbox, Written
 from plumbing.topics import describe_topics, ensure_topics
 from producer.client import FairnessClient
 from producer.replay_outcomes import fit_batch_time, outcomes_of, peak_per_s
@@ -101,6 +102,16 @@ __all__ = ["ReplayRun", "ReplaySettings", "replay"]
 
 _request_codec = codec_for(Request)
 _state_codec = codec_for(SchedulerState)
+#: Requests due at once (a burst) go to the producer this many at a time.
+_SEND_STEP = 500
+#: Longest wait for one part of the replay's own shutdown.
+_STOP_S = 15.0
+
+
+async def _quietly(task: asyncio.Task) -> None:
+    """Wait for a cancelled task; its cancellation or error is not news."""
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 @dataclass
@@ -265,11 +276,18 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
                 name="replay-samples"))
         if not items:
             all_in.set()
-        acks: list[tuple[int, asyncio.Future]] = []
+        outbox = Outbox(producer)
+        written: list[tuple[list[int], Written]] = []
+        queued: list[int] = []
+        headers = {fmt: [("content-type", content_type(fmt).encode())]
+                   for fmt in ("json", "msgpack")}
         for i, item in enumerate(items):
             due = mono0 + item.ts / s.speed
             delay = due - time.monotonic()
             if delay > 0.0005:
+                if queued:  # what is due goes out before the pause
+                    written.append((queued, await outbox.submit()))
+                    queued = []
                 await asyncio.sleep(delay)
             now_mono = time.monotonic()
             now_wall = wall0 + (now_mono - mono0)
@@ -278,21 +296,25 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
                                           reply_to=client.reply_topic,
                                           created_ms=int(now_wall * 1000))
             sent_at[i] = now_wall
-            try:
-                fut = await producer.send(
-                    to_topic, _request_codec.encode(req, item.wire_format),
-                    key=req.org.encode(),
-                    headers=[("content-type", content_type(item.wire_format).encode())])
-                acks.append((i, fut))
-            except KafkaError as e:
-                send_error[i] = repr(e)
+            outbox.add(to_topic, _request_codec.encode(req, item.wire_format),
+                       key=req.org.encode(), headers=headers[item.wire_format])
+            queued.append(i)
+            if len(queued) >= _SEND_STEP:
+                written.append((queued, await outbox.submit()))
+                queued = []
             progress.sent = i + 1
+        if queued:
+            written.append((queued, await outbox.submit()))
         last_send = time.monotonic()
-        for i, fut in acks:
+        for indices, w in written:
             try:
-                await fut
-            except KafkaError as e:
-                send_error[i] = repr(e)
+                outcomes = await bounded(w.outcomes(), last_send + s.timeout_s - time.monotonic(),
+                                         f"the broker to acknowledge {len(indices)} requests")
+            except WaitTimeout as e:
+                outcomes = [e] * len(indices)
+            for i, error in zip(indices, outcomes, strict=True):
+                if error is not None:
+                    send_error[i] = repr(error)
         if progress.results + len(send_error) >= len(items):
             all_in.set()
         with contextlib.suppress(TimeoutError):
@@ -303,10 +325,9 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
         for t in side_tasks:
             t.cancel()
         for t in side_tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        await producer.stop()
-        await client.stop()
+            await stop_within(_quietly(t), _STOP_S, f"the replay's {t.get_name()} task to end")
+        await stop_within(producer.stop(), _STOP_S, "the replay's producer to stop")
+        await stop_within(client.stop(), _STOP_S, "the replay's result client to stop")
 
     outcomes = outcomes_of(config, items, got, sent_at, send_error, wall0)
     model_fit = fit_batch_time([g[0] for g in got if g is not None])
