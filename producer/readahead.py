@@ -44,8 +44,8 @@ class ReadAhead:
     def __len__(self) -> int:
         return self.held
 
-    def add(self, partition: Hashable, records: Iterable[Any]) -> None:
-        """Hold ``records`` of ``partition``, in their order."""
+    def add(self, partition: Hashable, records: Iterable[Any], at: Any = None) -> None:
+        """Hold ``records`` of ``partition``, in their order; ``at``: when they were fetched."""
         groups = self._groups
         for rec in records:
             g = (partition, rec.key)
@@ -53,12 +53,12 @@ class ReadAhead:
             if q is None:
                 q = groups[g] = deque()
                 self._ring.append(g)
-            q.append(rec)
+            q.append((rec, at))
             self.held += 1
 
-    def take(self, n: int) -> list[tuple[Hashable, Any]]:
-        """Up to ``n`` (partition, record) pairs: one per group in turn, each group in order."""
-        out: list[tuple[Hashable, Any]] = []
+    def take(self, n: int) -> list[tuple[Hashable, Any, Any]]:
+        """Up to ``n`` (partition, record, fetched at): one per group in turn, each in order."""
+        out: list[tuple[Hashable, Any, Any]] = []
         ring, groups = self._ring, self._groups
         while len(out) < n and ring:
             # One pass over the ring as it stands: one record of each group.
@@ -67,7 +67,7 @@ class ReadAhead:
                     break
                 g = ring.popleft()
                 q = groups[g]
-                out.append((g[0], q.popleft()))
+                out.append((g[0], *q.popleft()))
                 if q:
                     ring.append(g)
                 else:

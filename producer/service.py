@@ -348,10 +348,11 @@ class AdmissionService:
                         log.warning("ingress_fetch_failed", error=repr(e))
                         await asyncio.sleep(0.5)
                         continue
+                    fetched_ms = self.now_ms()
                     for tp, records in batches.items():
                         for rec in records:
                             self._offsets.hold(tp, rec.offset)
-                        self._ahead.add(tp, records)
+                        self._ahead.add(tp, records, fetched_ms)
                 if not self._ahead.held:
                     continue
                 step = await self._step(self._ahead.take(s.max_step_records))
@@ -415,8 +416,8 @@ class AdmissionService:
             self._generation = group_generation(self._consumer)
         step = _Step(generation=self._generation, offsets=self._offsets)
         outbox = self._outbox
-        for tp, rec in taken:
-            for send in self._decide(rec):
+        for tp, rec, fetched_ms in taken:
+            for send in self._decide(rec, fetched_ms):
                 send.tp = tp
                 step.sends.append(send)
                 outbox.add(send.topic, send.value, key=send.key, headers=send.headers)
@@ -477,11 +478,13 @@ class AdmissionService:
             if highwater is not None and at is not None:
                 lag(str(tp.partition)).set(max(0, highwater - at))
 
-    def _decide(self, rec) -> list[_Send]:
+    def _decide(self, rec, fetched_ms: int | None = None) -> list[_Send]:
         started = time.perf_counter()
         outcome = decide(rec.value, rec.headers, rec.timestamp, self.config, self.limiter,
                          self.throttle, self._counters, self.now_ms())
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        if isinstance(outcome, Admitted):
+            outcome.request.fetched_ms = fetched_ms
         sends = self._account(outcome, rec)
         sends[-1].last = True
         return sends

@@ -210,7 +210,10 @@ class FlowControl:
         w.last_seen_ms = seen
         w.slots = ev.slots
         w.in_hand = frozenset(ev.in_flight)
-        w.released = frozenset(ev.released)
+        # Sticky: a batch whose credit came back stays released until it is done
+        # (a later event that leaves it out must not count it against the cap again).
+        w.released = frozenset(b for b in (w.released | set(ev.released))
+                               if b in w.in_hand or b in w.outstanding)
         for batch_id in ev.in_flight:
             if batch_id not in w.outstanding and batch_id not in self._recently_done:
                 self._add(w, batch_id, seen)

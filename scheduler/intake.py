@@ -122,6 +122,8 @@ class TierIntake:
         self._end_offsets: dict[TopicPartition, int] = {}
         self._consumer = None
         self._producer = None
+        self._tiers = frozenset(config.tier_names)
+        self._last_tier = config.tier_names[-1]
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -155,6 +157,8 @@ class TierIntake:
         """Follow a new configuration; new tiers mean a new subscription (a rebalance)."""
         old = self.tier_topics(self.config)
         self.config = config
+        self._tiers = frozenset(config.tier_names)
+        self._last_tier = config.tier_names[-1]
         if self.tier_topics(config) != old and self._consumer is not None:
             self._consumer.subscribe(self.tier_topics(config), listener=_Listener(self))
 
@@ -189,46 +193,65 @@ class TierIntake:
     # -- reading ---------------------------------------------------------------
 
     async def run(self) -> None:
-        """Read forever; wake the dispatcher after every fetch that brought records."""
+        """Read forever, one slice of at most ``max_poll_records`` at a time.
+
+        After each slice the dispatcher is woken and runs before the next
+        slice is taken: a free worker slot is served within one slice of
+        intake (a few milliseconds), never after a whole burst is read.
+        """
         consumer = self._consumer
         while True:
-            batches = await consumer.getmany(timeout_ms=1000)
+            batches = await consumer.getmany(timeout_ms=1000,
+                                             max_records=self.max_poll_records)
+            if not batches:
+                continue
+            now_ms = int(time.time() * 1000)
+            received: dict[str, int] = {}
             for tp, records in batches.items():
                 for rec in records:
-                    await self._take(tp, rec)
-            if batches:
-                self.check_pressure()
-                self.wake.set()
+                    if (why := self._hold(tp, rec, now_ms, received)) is not None:
+                        await self._reject(rec, *why)
+                        self.offsets.consumed(tp, rec.offset)
+            for tier, n in received.items():
+                self.metrics.received_counter(tier).inc(n)
+                self.totals["received"] += n
+            self.check_pressure()
+            self.wake.set()
+            await asyncio.sleep(0)  # the dispatcher goes first
 
     async def _take(self, tp: TopicPartition, rec) -> None:
+        """One tier record into the core, or to the dead letters (what :meth:`run` does)."""
+        received: dict[str, int] = {}
+        if (why := self._hold(tp, rec, int(time.time() * 1000), received)) is not None:
+            await self._reject(rec, *why)
+            self.offsets.consumed(tp, rec.offset)
+        for tier, n in received.items():
+            self.metrics.received_counter(tier).inc(n)
+            self.totals["received"] += n
+
+    def _hold(self, tp: TopicPartition, rec, now_ms: int,
+              received: dict[str, int]) -> tuple[str, str] | None:
+        """Push one record's request into the core; (reason, error) if it must be rejected."""
         try:
             req = _request_codec.decode(rec.value, format_from_headers(rec.headers),
                                         max_bytes=self.config.service.max_message_bytes)
         except DecodeError as e:
-            await self._reject(rec, e.reason, str(e))
-            self.offsets.consumed(tp, rec.offset)
-            return
-        if req.endpoint not in self.core.lanes:
-            await self._reject(rec, "unknown_endpoint",
-                               f"endpoint {req.endpoint!r} is not configured")
-            self.offsets.consumed(tp, rec.offset)
-            return
-        limit = self.core.lanes[req.endpoint].endpoint.max_request_tokens
+            return e.reason, str(e)
+        lane = self.core.lanes.get(req.endpoint)
+        if lane is None:
+            return "unknown_endpoint", f"endpoint {req.endpoint!r} is not configured"
+        limit = lane.endpoint.max_request_tokens
         if req.tokens > limit:
             # DRR relies on quantum x weight >= the largest request cost: a bigger
             # request would make the lane add quanta, turn after turn, for ever.
-            await self._reject(rec, "too_many_tokens",
-                               f"request has {req.tokens} tokens, the limit of endpoint "
-                               f"{req.endpoint!r} is max_request_tokens = {limit}")
-            self.offsets.consumed(tp, rec.offset)
-            return
-        names = self.config.tier_names
-        tier = req.tier if req.tier in names else names[-1]  # a tier removed by a reload
+            return "too_many_tokens", (f"request has {req.tokens} tokens, the limit of endpoint "
+                                       f"{req.endpoint!r} is max_request_tokens = {limit}")
+        tier = req.tier if req.tier in self._tiers else self._last_tier  # a tier removed by a reload
+        req.received_ms = now_ms
         entry = Entry(req.id, req.org, tier, req.tokens, priority=req.priority,
                       deadline=None if req.deadline_at_ms is None else req.deadline_at_ms / 1000,
-                      arrival=time.time(), payload=req)
-        self.totals["received"] += 1
-        self.metrics.received.labels(tier).inc()
+                      arrival=now_ms / 1000, payload=req)
+        received[tier] = received.get(tier, 0) + 1
         if self.core.push(req.endpoint, entry):
             self.offsets.hold(tp, rec.offset)
             self._origin[req.id] = (tp, rec.offset)
@@ -237,6 +260,7 @@ class TierIntake:
             self.totals["duplicates"] += 1
             self.metrics.duplicates.labels(tier).inc()
             self.offsets.consumed(tp, rec.offset)
+        return None
 
     async def _reject(self, rec, reason: str, error: str) -> None:
         """Dead-letter a tier record and answer its sender if the address is readable."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from plumbing.labels import cached_labels
 from schemas.config import Config
 
 __all__ = ["SchedulerMetrics"]
@@ -96,6 +97,12 @@ class SchedulerMetrics:
                             "1 while tier consumers are paused (max_held_requests reached)",
                             registry=r)
 
+        # Children of the per-request metrics, resolved once per label set.
+        self.received_counter = cached_labels(self.received)
+        self.queue_wait_histogram = cached_labels(self.queue_wait)
+        self._dispatched_requests = cached_labels(self.dispatched_requests)
+        self._dispatched_cost = cached_labels(self.dispatched_cost)
+
     def configure(self, config: Config) -> None:
         """Follow a (re)loaded configuration: the org allowlist may change."""
         self.org_allowlist = frozenset(config.service.metrics_org_allowlist)
@@ -112,5 +119,5 @@ class SchedulerMetrics:
             s[0] += 1
             s[1] += cost(e)
         for (tier, org), (n, c) in sums.items():
-            self.dispatched_requests.labels(endpoint, tier, org).inc(n)
-            self.dispatched_cost.labels(endpoint, tier, org).inc(c)
+            self._dispatched_requests(endpoint, tier, org).inc(n)
+            self._dispatched_cost(endpoint, tier, org).inc(c)

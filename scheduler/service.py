@@ -628,9 +628,10 @@ class SchedulerService:
             m.batch_fill.labels(endpoint).observe(batch.tokens / ep.max_batch_tokens)
         lane = self.core.lanes.get(endpoint)
         m.dispatched(endpoint, entries, lane.cost.cost if lane else lambda e: float(e.tokens))
+        wait = m.queue_wait_histogram
         for e in entries:
             self.intake.release(e.id)
-            m.queue_wait.labels(e.tier).observe(max(0.0, now - e.payload.admitted_ms / 1000))
+            wait(e.tier).observe(max(0.0, now - e.payload.admitted_ms / 1000))
         self.totals["batches"] += 1
         self.totals["dispatched"] += len(entries)
         with bound_contextvars(batch_id=batch.id):

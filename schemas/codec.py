@@ -69,8 +69,19 @@ def content_type(fmt: Format) -> str:
     return JSON if fmt == "json" else MSGPACK
 
 
+#: The headers our own services write, answered without parsing (every record has one).
+_KNOWN_HEADERS: dict[tuple[str, bytes], Format] = {
+    (CONTENT_TYPE_HEADER, JSON.encode()): "json",
+    (CONTENT_TYPE_HEADER, MSGPACK.encode()): "msgpack",
+}
+
+
 def format_from_headers(headers: list[tuple[str, bytes]] | tuple | None) -> Format:
     """The encoding a record's headers announce; JSON when none is given."""
+    if headers and len(headers) == 1:
+        known = _KNOWN_HEADERS.get(tuple(headers[0]))
+        if known is not None:
+            return known
     for key, value in headers or ():
         if key.lower() == CONTENT_TYPE_HEADER:
             try:

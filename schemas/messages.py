@@ -127,6 +127,11 @@ class AdmittedRequest(Message, kw_only=True):
     reply_to: TopicName
     #: ``json`` or ``msgpack``: results go back in the encoding the request came in.
     reply_format: Literal["json", "msgpack"] = "json"
+    #: When admission read it off the ingress topic (``admitted_ms`` is when it
+    #: decided), and when the scheduler read it off its tier topic: stamps of
+    #: where a request's time goes, carried into its result.
+    fetched_ms: EpochMs | None = None
+    received_ms: EpochMs | None = None
 
 
 class Batch(Message, kw_only=True):
@@ -181,11 +186,19 @@ class Result(Message, kw_only=True):
     batch_id: str | None = None
     worker: str | None = None
     created_ms: Int64 | None = None
-    #: When the request entered the scheduler and when it left it.
+    #: Where the time went, epoch ms of each step (``docs/protocol.md``):
+    #: sent (``created_ms``), read by admission (``fetched_ms``), admitted
+    #: (``admitted_ms``), read by the scheduler (``received_ms``), sent in a
+    #: batch (``dispatched_ms``), taken by the worker (``taken_ms``), its
+    #: micro-batch started (``started_ms``), its result made (``completed_ms``).
     admitted_ms: Int64 | None = None
     dispatched_ms: Int64 | None = None
     completed_ms: Int64 | None = None
     inference_ms: float | None = None
+    fetched_ms: Int64 | None = None
+    received_ms: Int64 | None = None
+    taken_ms: Int64 | None = None
+    started_ms: Int64 | None = None
 
 
 class BatchTiming(Message, kw_only=True):

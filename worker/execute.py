@@ -72,6 +72,8 @@ class _Pending:
     seconds: float = 0.0
     error: str | None = None
     reported: bool = False
+    #: When the first micro-batch with one of its texts started (epoch ms).
+    started_ms: int | None = None
 
 
 async def _inline(fn, /, *args, **kwargs):
@@ -202,6 +204,10 @@ class BatchExecutor:
         touched = sorted({owner[k][0] for k in idx})
         sub = [texts[k] for k in idx]
         sub_len = [lengths[k] for k in idx]
+        started = _now_ms()
+        for i in touched:
+            if pending[i].started_ms is None:
+                pending[i].started_ms = started
         t0 = time.perf_counter()
         try:
             out = await self._thread(model.encode, sub, lengths=sub_len)
@@ -249,9 +255,9 @@ class BatchExecutor:
     def _from_pending(self, batch: Batch, p: _Pending) -> Served:
         if p.error is not None:
             return self._final(p.req, batch, "failed", reason="model_error", message=p.error,
-                               seconds=p.seconds)
+                               seconds=p.seconds, started_ms=p.started_ms)
         vectors = np.asarray(p.vectors, dtype=np.float32)
-        return self._final(p.req, batch, "ok", seconds=p.seconds,
+        return self._final(p.req, batch, "ok", seconds=p.seconds, started_ms=p.started_ms,
                            embeddings=vectors.tolist(), truncated=p.truncated)
 
     # -- rerank ----------------------------------------------------------------
@@ -260,6 +266,7 @@ class BatchExecutor:
         model: Reranker = self.model  # type: ignore[assignment]
         inp: RerankInput = req.input  # type: ignore[assignment]
         t0 = time.perf_counter()
+        started_ms = _now_ms()
         try:
             lengths = await self._thread(model.token_lengths, inp.query, inp.documents)
             plan = plan_microbatches(lengths, max_padded_tokens=self.max_padded_tokens,
@@ -283,22 +290,25 @@ class BatchExecutor:
         except Exception as e:  # noqa: BLE001 - contained: this request fails alone
             return self._final(req, batch, "failed", reason="model_error",
                                message=f"model failed: {type(e).__name__}: {e}",
-                               seconds=time.perf_counter() - t0)
+                               seconds=time.perf_counter() - t0, started_ms=started_ms)
         ranking = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         if inp.top_n is not None:
             ranking = ranking[: inp.top_n]
         return self._final(req, batch, "ok", seconds=time.perf_counter() - t0, scores=scores,
-                           ranking=ranking, truncated=truncated, method=model.method)
+                           ranking=ranking, truncated=truncated, method=model.method,
+                           started_ms=started_ms)
 
     # -- results ---------------------------------------------------------------
 
     def _final(self, req: AdmittedRequest, batch: Batch, status: str, *, seconds: float = 0.0,
-               **fields: Any) -> Served:
+               started_ms: int | None = None, **fields: Any) -> Served:
         result = Result(
             id=req.id, status=status, org=req.org, endpoint=req.endpoint,
             model=self.model.name if status == "ok" else None, tokens=req.tokens,
             batch_id=batch.id, worker=self.worker, created_ms=req.created_ms,
             admitted_ms=req.admitted_ms, dispatched_ms=batch.created_ms,
-            completed_ms=_now_ms(), inference_ms=round(seconds * 1000, 3), **fields,
+            completed_ms=_now_ms(), inference_ms=round(seconds * 1000, 3),
+            fetched_ms=req.fetched_ms, received_ms=req.received_ms, started_ms=started_ms,
+            **fields,
         )
         return Served(req, result, seconds)

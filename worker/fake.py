@@ -47,6 +47,9 @@ __all__ = [
 FAKE_SPEC = "fake"
 FAKE_MAX_SEQ_LENGTH = 256
 
+#: Words the fake's table holds before it starts afresh.
+_TABLE_WORDS = 1 << 16
+
 _SPEC_KEYS: dict[str, type] = {
     "dim": int,
     "max_seq_length": int,
@@ -120,6 +123,9 @@ class FakeEmbedder(Embedder):
         self.ms_per_token = ms_per_token
         self.ms_per_batch = ms_per_batch
         self._sleep = sleep
+        #: word -> its row of ``_table`` (see :meth:`_vectors`).
+        self._index: dict[str, int] = {}
+        self._table = np.zeros((0, dim), dtype=np.float32)
         # Total service time simulated so far: what a benchmark would have waited.
         self.simulated_seconds = 0.0
 
@@ -168,26 +174,49 @@ class FakeEmbedder(Embedder):
         return EncodeOutput(self._vectors(texts), flag_truncated(lengths, self._max_seq_length))
 
     def _vectors(self, texts: Sequence[str]) -> np.ndarray:
-        """:meth:`_vector` of every text, with one sum per text over a stack of word vectors.
+        """:meth:`_vector` of every text: one gather and one sum per text, in numpy.
 
         A benchmark's "model at zero time" must cost next to nothing: word by
-        word in Python this was most of a zero-time worker's CPU.
+        word in Python this was most of a zero-time worker's CPU. Word vectors
+        are rows of a table that grows with the words seen (bounded by the
+        word cache), looked up by index.
         """
         vectors = np.zeros((len(texts), self._dim), dtype=np.float32)
-        words: list[np.ndarray] = []
-        starts: list[int] = []
+        split = [text.lower().split()[: self._max_seq_length] for text in texts]
+        if len(self._index) + sum(map(len, split)) > _TABLE_WORDS:
+            self._index.clear()  # start afresh before this call's words, never during
+        index = self._index
         rows: list[int] = []
-        for row, text in enumerate(texts):
-            mine = text.lower().split()[: self._max_seq_length]
-            if mine:
-                rows.append(row)
-                starts.append(len(words))
-                words.extend(_word_vector(w, self._dim) for w in mine)
-        if words:
-            sums = np.add.reduceat(np.stack(words), starts, axis=0)
+        starts: list[int] = []
+        ids: list[int] = []
+        for row, words in enumerate(split):
+            if not words:
+                continue
+            rows.append(row)
+            starts.append(len(ids))
+            for w in words:
+                i = index.get(w)
+                if i is None:
+                    i = self._learn(w)
+                ids.append(i)
+        if ids:
+            sums = np.add.reduceat(self._table[ids], starts, axis=0)
             norms = np.linalg.norm(sums, axis=1, keepdims=True)
             vectors[rows] = np.divide(sums, norms, out=np.zeros_like(sums), where=norms > 0)
         return vectors
+
+    def _learn(self, word: str) -> int:
+        """A row of the word table for ``word``."""
+        i = len(self._index)
+        if i >= len(self._table):
+            grown = np.zeros((max(2 * len(self._table), 256, i + 1), self._dim),
+                             dtype=np.float32)
+            if i:
+                grown[:i] = self._table[:i]
+            self._table = grown
+        self._table[i] = _word_vector(word, self._dim)
+        self._index[word] = i
+        return i
 
 
 class FakeReranker(CosineReranker):

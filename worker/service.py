@@ -240,8 +240,9 @@ class WorkerService:
         self._in_hand_tp: dict[str, TopicPartition] = {}
         #: Batches in hand whose last micro-batch started: their credit is returned.
         self._released: set[str] = set()
-        #: batch id -> when it was taken off its partition (monotonic s).
+        #: batch id -> when it was taken off its partition (monotonic s, and epoch ms).
         self._taken_s: dict[str, float] = {}
+        self._taken_ms: dict[str, int] = {}
         #: Newest scheduler epoch seen per batch partition (fencing, see _fenced).
         self._epochs: dict[TopicPartition, int] = {}
         self._freed = asyncio.Event()
@@ -520,6 +521,7 @@ class WorkerService:
             return
         self._epochs[tp] = batch.epoch
         self._taken_s[batch.id] = time.monotonic()
+        self._taken_ms[batch.id] = int(time.time() * 1000)
         self._in_hand[batch.id] = asyncio.create_task(self._serve(tp, rec.offset, batch),
                                                       name=f"batch-{batch.id}")
         self._in_hand_tp[batch.id] = tp
@@ -586,9 +588,11 @@ class WorkerService:
         try:
             async with self._model_lock:
                 started = time.perf_counter()
+                taken = self._taken_ms.get(batch.id)
                 async for done in self.executor.serve(batch):
                     # One write per micro-batch: its results leave together.
                     for s in done:
+                        s.result.taken_ms = taken
                         self._publish(s.request, s.result)
                     written.append((done, await self._outbox.submit()))
                     served.extend(done)
@@ -630,6 +634,7 @@ class WorkerService:
         self._in_hand.pop(batch_id, None)
         self._released.discard(batch_id)
         self._taken_s.pop(batch_id, None)
+        self._taken_ms.pop(batch_id, None)
 
     def _result_written(self, s: Served, now: float) -> None:
         """A result was acknowledged: count it, time it, log its outcome (once, here)."""

@@ -18,7 +18,7 @@ def test_a_quiet_org_behind_a_burst_on_its_own_partition_is_decided_in_the_first
     """An org sharing the burst's partition, fetched after 5,000 burst records, goes second."""
     ahead = ReadAhead()
     ahead.add(0, [*_records("bulk", 5000), *_records("quiet", 1)])
-    step = [rec.value for _, rec in ahead.take(500)]
+    step = [rec.value for _, rec, _ in ahead.take(500)]
     assert step[:2] == ["bulk-0", "quiet-0"]
     assert step[2:] == [f"bulk-{i}" for i in range(1, 499)]
     assert len(ahead) == 5001 - 500
@@ -29,7 +29,7 @@ def test_a_quiet_partition_is_decided_in_the_first_step_too():
     ahead = ReadAhead()
     ahead.add(0, _records("bulk", 3000))
     ahead.add(7, _records("quiet", 2))
-    step = [rec.value for _, rec in ahead.take(10)]
+    step = [rec.value for _, rec, _ in ahead.take(10)]
     assert step[:4] == ["bulk-0", "quiet-0", "bulk-1", "quiet-1"]
 
 
@@ -39,7 +39,7 @@ def test_drop_forgets_held_records_of_the_named_partitions():
     ahead.add(0, _records("a", 3))
     ahead.add(1, _records("b", 2))
     assert ahead.drop([0]) == 3
-    assert [rec.value for _, rec in ahead.take(10)] == ["b-0", "b-1"]
+    assert [rec.value for _, rec, _ in ahead.take(10)] == ["b-0", "b-1"]
     assert len(ahead) == 0
 
 
@@ -51,15 +51,16 @@ def test_every_record_once_and_each_org_of_a_partition_in_order(adds, step):
     added: list[tuple[int, Rec]] = []
     counters: dict[tuple[int, str], int] = {}
     out: list[tuple[int, Rec]] = []
+    take = lambda k: [(p, r) for p, r, _ in ahead.take(k)]
     for partition, org, n in adds:
         start = counters.get((partition, org), 0)
         recs = [Rec(org.encode(), (partition, org, i)) for i in range(start, start + n)]
         counters[(partition, org)] = start + n
         ahead.add(partition, recs)
         added += [(partition, r) for r in recs]
-        out += ahead.take(step)
+        out += take(step)
     while len(ahead):
-        got = ahead.take(step)
+        got = take(step)
         assert 0 < len(got) <= step
         out += got
     assert sorted(r.value for _, r in out) == sorted(r.value for _, r in added)
