@@ -145,6 +145,8 @@ class ReplayRun:
     stats: dict[str, Any]
     #: The fresh id each item was sent under, in item order.
     wire_ids: list[str]
+    #: Per item: its result and when it was received (epoch s), or None.
+    results: list[tuple[Result, float] | None] = None  # type: ignore[assignment]
 
 
 # -- sending and collecting ------------------------------------------------------------
@@ -352,4 +354,5 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
         "model_fit": model_fit,
     }
     id_map = {w: (it.request.id, it.origin) for w, it in zip(wire_ids, items, strict=True)}
-    return ReplayRun(outcomes, sorted(samples, key=lambda q: q.t_s), id_map, stats, wire_ids)
+    return ReplayRun(outcomes, sorted(samples, key=lambda q: q.t_s), id_map, stats, wire_ids,
+                     got)

@@ -26,10 +26,11 @@ outstanding of estimated total ``work`` ms, a full batch estimated at
 * never more than ``cap`` unreleased batches (``service.worker_slots``);
 * always room for one when none is outstanding (a worker with nothing to
   do gets work, whatever the estimates say);
-* otherwise room while ``work + full <= min(round_trip + full, max_outstanding_ms)``:
-  the work queued beyond the running batch stays within one round trip, and
-  everything outstanding within the configured ceiling, which bounds what a
-  quiet org's request can find ahead of it.
+* otherwise room while ``work < min(round_trip + full, max_outstanding_ms)``:
+  the worker holds the batch it runs plus about a round trip of work, so the
+  next batch is there before it runs dry; and never beyond the configured
+  ceiling, which bounds what a quiet org's request can find ahead of it (a
+  slow CPU worker whose batch alone fills the ceiling gets one at a time).
 
 A worker returns a batch's credit when it *starts* the batch's last
 micro-batch (it lists the batch as ``released``), so the next batch is on
@@ -98,6 +99,6 @@ class Credit:
         if self.ms_per_token is None:
             return False  # not measured yet: one batch at a time until its report
         work = sum(self.estimate_ms(t) for t in held)
-        full = self.estimate_ms(full_tokens)
-        target = min((self.round_trip_ms or 0.0) + full, max_outstanding_ms)
-        return work + full <= target
+        target = min((self.round_trip_ms or 0.0) + self.estimate_ms(full_tokens),
+                     max_outstanding_ms)
+        return work < target

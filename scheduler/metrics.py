@@ -83,6 +83,19 @@ class SchedulerMetrics:
         self.free_slots = Gauge(f"{p}_free_worker_slots", "Free worker slots", ["endpoint"],
                                 registry=r)
         self.workers = Gauge(f"{p}_workers", "Live workers", ["endpoint"], registry=r)
+        self.flow_round_trip = Gauge(
+            f"{p}_flow_round_trip_seconds",
+            "Measured round trip to the endpoint's workers without their own time (mean over "
+            "workers; flow control keeps this much work at each, see docs/protocol.md)",
+            ["endpoint"], registry=r)
+        self.flow_batch = Gauge(
+            f"{p}_flow_full_batch_seconds",
+            "Estimated service time of a full batch at the endpoint's workers (mean)",
+            ["endpoint"], registry=r)
+        self.flow_outstanding = Gauge(
+            f"{p}_flow_outstanding_batches",
+            "Batches sent to the endpoint's workers whose credit is not returned yet",
+            ["endpoint"], registry=r)
         self.expired = Counter(f"{p}_expired_total", "Requests whose deadline passed while held",
                                ["endpoint", "tier"], registry=r)
         self.lag = Gauge(f"{p}_consumer_lag_records",

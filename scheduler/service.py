@@ -706,6 +706,7 @@ class SchedulerService:
                 m.held_cost.labels(endpoint, tier).set(held_cost.get(tier, 0.0))
             m.free_slots.labels(endpoint).set(free)
             m.workers.labels(endpoint).set(len(workers))
+            self._flow_metrics(endpoint, workers)
             prev = self._rounds.get(endpoint, 0)
             if st.rounds > prev:
                 m.drr_rounds.labels(endpoint).inc(st.rounds - prev)
@@ -713,6 +714,16 @@ class SchedulerService:
         state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held,
                                epoch=self.epoch)
         self._spawn(self._send_state(state))
+
+    def _flow_metrics(self, endpoint: str, workers) -> None:
+        """Flow control's view of the endpoint's workers (means over those measured)."""
+        m = self.metrics
+        trips = [w.credit.round_trip_ms for w in workers if w.credit.round_trip_ms is not None]
+        full = self.flow.full_batch_tokens.get(endpoint, 0)
+        batches = [w.credit.estimate_ms(full) for w in workers if w.credit.samples]
+        m.flow_round_trip.labels(endpoint).set(sum(trips) / len(trips) / 1000 if trips else 0.0)
+        m.flow_batch.labels(endpoint).set(sum(batches) / len(batches) / 1000 if batches else 0.0)
+        m.flow_outstanding.labels(endpoint).set(sum(len(w.unreleased()) for w in workers))
 
     def _in_flight_tokens(self, endpoint: str, workers) -> int:
         """Tokens of the batches outstanding at ``endpoint``'s workers (the throttle's due).

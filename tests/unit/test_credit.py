@@ -58,18 +58,18 @@ def test_an_unmeasured_worker_gets_one_batch_at_a_time():
 
 
 def test_a_fast_worker_gets_enough_to_cover_the_round_trip():
-    """16 ms batches, 30 ms round trip: room for the running batch plus a round trip."""
+    """16 ms batches, 30 ms round trip: the running batch plus a round trip of work."""
     f = flow()
     f.observe(ev("hello", sent=0), 0)
     now = measure(f, 1, service_ms=16, round_trip_ms=30)
     held = fill(f, now, "b")
-    # work + full <= round trip + full: 16 k <= 46 -> k = 2 (32 ms of work queued).
-    assert len(held) == 2
+    # Room while work < round trip + full = 46 ms: 0, 16, 32 -> 3 batches (48 ms).
+    assert len(held) == 3
 
 
-def test_a_slow_worker_gets_one_batch_more_only_when_one_is_released():
-    """300 ms batches, 30 ms round trip: one at a time; the release frees the next."""
-    f = flow()
+def test_a_slow_worker_under_the_ceiling_gets_one_batch_more_only_when_one_is_released():
+    """300 ms batches, a 300 ms ceiling: one at a time; the release frees the next."""
+    f = flow(max_outstanding_ms=300)
     f.observe(ev("hello", sent=0), 0)
     now = measure(f, 1, service_ms=300, round_trip_ms=30)
     assert fill(f, now, "b") == ["b0"]
@@ -82,7 +82,7 @@ def test_credit_follows_a_changing_round_trip():
     """A longer round trip gives the worker more work to cover it, a shorter one less."""
     f = flow(max_outstanding_ms=10_000)
     f.observe(ev("hello", sent=0), 0)
-    now = measure(f, 1, service_ms=10, round_trip_ms=10)
+    now = measure(f, 1, service_ms=10, round_trip_ms=15)
     short = len(fill(f, now, "a"))
     for b in [f"a{i}" for i in range(short)]:
         f.done(b)
@@ -90,9 +90,10 @@ def test_credit_follows_a_changing_round_trip():
     long = len(fill(f, now, "b"))
     for b in [f"b{i}" for i in range(long)]:
         f.done(b)
-    now = measure(f, now, service_ms=10, round_trip_ms=10)
+    now = measure(f, now, service_ms=10, round_trip_ms=15)
     again = len(fill(f, now, "c"))
-    assert short == 2 and long == 8 and again == 2
+    # work < round trip + 10 ms: 3 at 15 ms, 11 at 100 ms (capped at the 8 slots).
+    assert short == 3 and long == 8 and again == 3
 
 
 def test_max_outstanding_ms_caps_what_a_long_round_trip_would_ask_for():
@@ -100,7 +101,7 @@ def test_max_outstanding_ms_caps_what_a_long_round_trip_would_ask_for():
     f = flow(max_outstanding_ms=100)
     f.observe(ev("hello", sent=0), 0)
     now = measure(f, 1, service_ms=20, round_trip_ms=2_000)
-    assert len(fill(f, now, "b")) == 5  # 20 k <= 100
+    assert len(fill(f, now, "b")) == 5  # work < 100: 0, 20, 40, 60, 80
 
 
 def test_a_silent_workers_credit_expires():
@@ -129,11 +130,11 @@ def test_credit_rule_alone():
     assert c.room([], cap=1, full_tokens=FULL, max_outstanding_ms=1)
     assert not c.room([FULL], cap=1, full_tokens=FULL, max_outstanding_ms=1e9)
     c.observe(tokens=FULL, service_ms=10, round_trip_ms=25)
-    # 10 ms a batch, 25 ms round trip: room while work + 10 <= 35.
-    assert c.room([FULL, FULL], cap=4, full_tokens=FULL, max_outstanding_ms=1e9)
-    assert not c.room([FULL] * 3, cap=4, full_tokens=FULL, max_outstanding_ms=1e9)
+    # 10 ms a batch, 25 ms round trip: room while work < 35.
+    assert c.room([FULL] * 3, cap=4, full_tokens=FULL, max_outstanding_ms=1e9)
+    assert not c.room([FULL] * 4, cap=8, full_tokens=FULL, max_outstanding_ms=1e9)
     assert not c.room([FULL] * 2, cap=2, full_tokens=FULL, max_outstanding_ms=1e9)
-    assert not c.room([FULL], cap=4, full_tokens=FULL, max_outstanding_ms=15)
+    assert not c.room([FULL, FULL], cap=4, full_tokens=FULL, max_outstanding_ms=20)
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,0 +1,229 @@
+"""Keeping a GPU fed: worker busy time and a quiet org's latency at an H200's speed.
+
+Why: the pipeline exists to keep accelerators busy while a quiet org's
+requests still get through quickly. This runs the pipeline as deployed
+(admission, scheduler and workers each in their own process, on the
+embedded broker) with a **fake model at the speed measured on one H200**
+(``docs/deployment.md``: 64 MiniLM-shaped texts in ~30 ms, 0.0035-0.004 ms
+per padded token; default ``--ms-per-token 0.004``), so what limits the
+run is the pipeline, not this machine's CPU doing inference.
+
+Two phases per worker count (1 and 2 by default):
+
+1. **unloaded**: the quiet org alone at a light rate (``--quiet-rps``) for
+   ``--quiet-s`` seconds: its p99 with nothing in the way;
+2. **saturated**: the bursting org offers ``--burst`` requests at once (far
+   above what the workers serve in the time), the quiet org at the same
+   light rate throughout.
+
+Printed side by side, per worker count: the workers' busy fraction while the
+burst was being served (model seconds over worker-seconds, from each
+worker's ``sf_worker_inference_seconds``), requests/s served against the
+model's capacity for full batches, a full batch's time, the round trip
+flow control measured (``sf_scheduler_flow_round_trip_seconds``), and the
+quiet org's p99 against its unloaded p99 and the bound
+``unloaded p99 + 2 x batch + 1 round trip``.
+
+``--json OUT`` writes, per worker count, ``busy``, ``served_rps``,
+``capacity_rps``, ``quiet_p99_ms``, ``quiet_unloaded_p99_ms``, ``batch_ms``,
+``round_trip_ms``, ``bound_ms``.
+
+Run: ``python bench/gpu_feed.py`` (workers 1 and 2), ``--quick`` (1 worker,
+a smaller burst).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import urllib.request
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import msgspec
+
+from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
+from plumbing.logs import configure_logging
+from plumbing.processes import ProcessStack
+from plumbing.topics import delete_topics, describe_topics
+from producer.replay import ReplaySettings, replay
+from producer.replay_sources import ReplayItem
+from producer.stages import stage_line, stage_times
+from producer.textsynth import TextSynth
+from scheduler.report import percentile
+from schemas.config import parse_config
+from schemas.messages import Request
+from worker.tokenizer import WhitespaceTokenCounter
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+BURST_ORG, QUIET_ORG = "bulkcorp", "quiet-1"
+
+
+def config_text(prefix: str, latency_target_ms: int) -> str:
+    """The example configuration under ``prefix``, with a bulk job's latency target.
+
+    A burst far above capacity would otherwise be throttled at admission
+    (the example's 5 s target): the point here is the scheduler keeping the
+    workers busy with a long queue, so the bulk endpoint accepts minutes.
+    """
+    text = (ROOT / "examples" / "config.toml").read_text()
+    text = text.replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"')
+    return text.replace("latency_target_ms = 5000", f"latency_target_ms = {latency_target_ms}")
+
+
+def items(burst: int, quiet_rps: float, quiet_s: float, tokens: int) -> list[ReplayItem]:
+    """``burst`` requests of the bursting org at 0, the quiet org every 1/quiet_rps s."""
+    synth = TextSynth(WhitespaceTokenCounter())
+    out = [ReplayItem(ts=0.0, tokens=tokens, request=Request(
+        id=f"b{i}", org=BURST_ORG, endpoint="embed",
+        input=synth.make_input("embed", tokens, f"b{i}"))) for i in range(burst)]
+    n = int(quiet_rps * quiet_s)
+    out += [ReplayItem(ts=i / quiet_rps, tokens=tokens, request=Request(
+        id=f"q{i}", org=QUIET_ORG, endpoint="embed",
+        input=synth.make_input("embed", tokens, f"q{i}"))) for i in range(n)]
+    return sorted(out, key=lambda it: it.ts)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """A service's /metrics as {'name{labels}': value} (bounded by a 5 s timeout)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def model_seconds(stack: ProcessStack) -> float:
+    """Model time of every worker so far (their inference histograms' sums)."""
+    total = 0.0
+    for name, (_, port) in stack.procs.items():
+        if name.startswith("worker"):
+            total += scrape(port).get('sf_worker_inference_seconds_sum{endpoint="embed"}', 0.0)
+    return total
+
+
+def p99_ms(run, org: str) -> float:
+    lat = sorted((o.completed_s - o.arrival_s) * 1000 for o in run.outcomes
+                 if o.org == org and o.status == "ok" and o.completed_s is not None)
+    return percentile(lat, 99) or float("nan")
+
+
+async def one(kafka: KafkaSettings, args, workers: int) -> dict:
+    prefix = f"gpu{uuid.uuid4().hex[:6]}."
+    text = config_text(prefix, 600_000)
+    config = parse_config(text)
+    model = f"fake:ms_per_token={args.ms_per_token},dim=32"
+    env = {"SF_LOG_LEVEL": "WARNING"}
+    if args.embedded:
+        env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.toml"
+        path.write_text(text)
+        try:
+            async with ProcessStack(path, kafka.require_bootstrap(), endpoints=["embed"],
+                                    model=model, workers=workers, env=env,
+                                    extra_args={"admission": ["--token-counter", "fake"]}) as st:
+                settings = ReplaySettings(timeout_s=120, progress=False, samples=False)
+                await replay(kafka, config, items(0, args.quiet_rps, 2, args.tokens), settings)
+                unloaded = await replay(kafka, config, items(0, args.quiet_rps, args.quiet_s,
+                                                             args.tokens), settings)
+                before = model_seconds(st)
+                loaded_items = items(args.burst, args.quiet_rps, args.quiet_s, args.tokens)
+                loaded = await replay(kafka, config, loaded_items, settings)
+                busy_s = model_seconds(st) - before
+                sched = next(p for n, (_, p) in st.procs.items() if n.startswith("scheduler"))
+                flow = scrape(sched)
+        finally:
+            await delete_topics(kafka, await describe_topics(kafka, prefix))
+    burst = [o for o in loaded.outcomes if o.org == BURST_ORG]
+    ok = [o for o in burst if o.status == "ok"]
+    start = min(o.arrival_s for o in burst)
+    end = max(o.completed_s for o in ok)
+    span = end - start
+    full_tokens = config.endpoints["embed"].max_batch_size * args.tokens
+    batch_ms = full_tokens * args.ms_per_token
+    capacity = workers * config.endpoints["embed"].max_batch_size / (batch_ms / 1000)
+    round_trip_ms = flow.get('sf_scheduler_flow_round_trip_seconds{endpoint="embed"}', 0) * 1000
+    quiet_unloaded = p99_ms(unloaded, QUIET_ORG)
+    quiet = p99_ms(loaded, QUIET_ORG)
+    bound = quiet_unloaded + 2 * batch_ms + round_trip_ms
+    missing = sum(o.status != "ok" for o in loaded.outcomes)
+    quiet_results = [(g[0], g[1] * 1000) for it, g in zip(loaded_items, loaded.results,
+                                                          strict=True)
+                     if g is not None and it.request.org == QUIET_ORG]
+    stages = stage_times(quiet_results)
+    print(stage_line(stages, label=f"{workers} worker(s), {QUIET_ORG} under the burst"))
+    return {"stages_p99_ms": {k: sorted(v)[int(0.99 * (len(v) - 1))] if v else None
+                              for k, v in stages.items()},
+            "workers": workers, "busy": busy_s / (workers * span), "served_rps": len(ok) / span,
+            "capacity_rps": capacity, "quiet_p99_ms": quiet, "quiet_unloaded_p99_ms":
+            quiet_unloaded, "batch_ms": batch_ms, "round_trip_ms": round_trip_ms,
+            "bound_ms": bound, "burst": args.burst, "not_ok": missing, "span_s": span}
+
+
+async def amain(args) -> dict:
+    kafka = settings_from_args(args)
+    args.embedded = kafka.bootstrap is None
+    results = {}
+    async with kafka_endpoint(kafka) as bootstrap:
+        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
+        if args.embedded:
+            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
+                                            heartbeat_interval_ms=500)
+        for w in args.workers:
+            results[str(w)] = await one(kafka, args, w)
+    print(f"fake model at {args.ms_per_token} ms per padded token (one H200, MiniLM-shaped), "
+          f"requests of {args.tokens} tokens, burst {args.burst:,} + {QUIET_ORG} at "
+          f"{args.quiet_rps:g}/s; each service its own process")
+    print(f"{'workers':>8}{'busy':>8}{'served/s':>10}{'capacity/s':>12}{'batch ms':>10}"
+          f"{'round trip':>11}{'quiet p99':>11}{'unloaded':>10}{'bound':>8}  verdict")
+    for r in results.values():
+        verdict = ("busy >= 0.9" if r["busy"] >= 0.9 else "BUSY < 0.9") + ", " + (
+            "quiet within bound" if r["quiet_p99_ms"] <= r["bound_ms"] else "QUIET OVER BOUND")
+        print(f"{r['workers']:>8}{r['busy']:>8.2f}{r['served_rps']:>10,.0f}"
+              f"{r['capacity_rps']:>12,.0f}{r['batch_ms']:>10.1f}{r['round_trip_ms']:>11.1f}"
+              f"{r['quiet_p99_ms']:>11.0f}{r['quiet_unloaded_p99_ms']:>10.0f}"
+              f"{r['bound_ms']:>8.0f}  {verdict}; not ok: {r['not_ok']}")
+    print("bound = quiet unloaded p99 + 2 x batch + 1 round trip; busy = model seconds / "
+          "(workers x the burst's span)")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 worker, burst 8,000")
+    parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")],
+                        default=None, help="worker counts to run, e.g. 1,2 (default)")
+    parser.add_argument("--burst", type=int, default=None, help="default 20,000 (quick 8,000)")
+    parser.add_argument("--tokens", type=int, default=60, help="tokens per request")
+    parser.add_argument("--ms-per-token", type=float, default=0.004,
+                        help="fake model time per padded token (H200: 0.0035-0.004)")
+    parser.add_argument("--quiet-rps", type=float, default=20.0, help="the quiet org's rate")
+    parser.add_argument("--quiet-s", type=float, default=6.0,
+                        help="how long the quiet org sends, in each phase")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    add_kafka_arguments(parser)
+    args = parser.parse_args(argv)
+    args.workers = args.workers or ([1] if args.quick else [1, 2])
+    args.burst = args.burst or (8_000 if args.quick else 20_000)
+    configure_logging("WARNING")
+    figures = asyncio.run(amain(args))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return figures
+
+
+if __name__ == "__main__":
+    main()
