@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 from schemas.messages import Result
 
-__all__ = ["STAGES", "percentile_ms", "stage_line", "stage_times"]
+__all__ = ["STAGES", "percentile_ms", "span_times", "stage_line", "stage_times"]
 
 #: (stage, stamp it starts at, stamp it ends at); "received" is the client's time.
 STAGES: tuple[tuple[str, str, str], ...] = (
@@ -64,6 +64,17 @@ def stage_times(results: Iterable[tuple[Result, float]]) -> dict[str, list[float
             b = received_ms if end == "received" else getattr(result, end)
             if a is not None and b is not None:
                 out[name].append(max(0.0, float(b) - float(a)))
+    return out
+
+
+def span_times(results: Iterable[tuple[Result, float]], start: str, end: str) -> list[float]:
+    """Milliseconds from stamp ``start`` to stamp ``end`` ("received": the client) of ok results."""
+    out = []
+    for result, received_ms in results:
+        a = getattr(result, start)
+        b = received_ms if end == "received" else getattr(result, end)
+        if result.status == "ok" and a is not None and b is not None:
+            out.append(max(0.0, float(b) - float(a)))
     return out
 
 
