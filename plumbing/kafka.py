@@ -108,6 +108,14 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # Per-partition batch ceiling. 4 KB messages need 256 KB-1 MB batches: the
     # 16 KB default gave 5k msg/s instead of 17-22k on Tansu.
     max_batch_size: Bytes = 1 * _MiB
+    # How long a produce may take, retries of retriable errors included, before
+    # it fails and the service's own retry takes over (aiokafka's default is
+    # 40 s: a produce Tansu kept answering NotLeaderForPartition stalled a
+    # whole admission step for 40 s). Producers only: a consumer's JoinGroup
+    # may legitimately wait longer than this on a real cluster.
+    produce_timeout_ms: PositiveMs = 5000
+    # Pause between retries of a failed produce (aiokafka's default).
+    retry_backoff_ms: PositiveMs = 100
     # Largest produce request. Batches of many long texts exceed the 1 MB
     # default; 10 MB worked on Tansu. A real cluster must raise
     # message.max.bytes (broker/topic) to match, or it rejects such records.
@@ -178,6 +186,8 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
         "linger_ms": settings.linger_ms,
         "max_batch_size": settings.max_batch_size,
         "max_request_size": settings.max_request_size,
+        "request_timeout_ms": settings.produce_timeout_ms,
+        "retry_backoff_ms": settings.retry_backoff_ms,
         **_security_kwargs(settings),
     }
     return AIOKafkaProducer(**(kwargs | overrides))
@@ -382,6 +392,10 @@ _OPTIONS = (
             "producer batch size per partition (bytes)"),
     _Option("max_request_size", "--kafka-max-request-size", "SF_KAFKA_MAX_REQUEST_SIZE",
             "largest produce request (bytes)"),
+    _Option("produce_timeout_ms", "--kafka-produce-timeout-ms", "SF_KAFKA_PRODUCE_TIMEOUT_MS",
+            "longest a produce may take, retries included, before it fails (ms)"),
+    _Option("retry_backoff_ms", "--kafka-retry-backoff-ms", "SF_KAFKA_RETRY_BACKOFF_MS",
+            "pause between retries of a failed produce (ms)"),
     _Option("fetch_max_wait_ms", "--kafka-fetch-max-wait-ms", "SF_KAFKA_FETCH_MAX_WAIT_MS",
             "longest a fetch waits for data (ms); bounds consume latency"),
     _Option("session_timeout_ms", "--kafka-session-timeout-ms", "SF_KAFKA_SESSION_TIMEOUT_MS",
