@@ -50,6 +50,7 @@ from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings, make_consumer
 from plumbing.processes import ProcessStack
 from producer.client import FairnessClient
+from producer.stages import stage_line, stage_times
 from schemas.codec import codec_for
 from schemas.config import parse_config
 from schemas.messages import SchedulerState
@@ -209,6 +210,9 @@ def _figures(f: dict, load: Load, held, rss, t0: float, t_end: float) -> None:
     f["ok_latency_ms"] = {q: round(v) for q in (50, 99, 100)
                           if (v := percentile(ok, q)) is not None}
     f["ok_over_target"] = sum(1 for x in ok if x > f["latency_target_ms"])
+    stamped = [(o.result, o.sent_ms + (o.done_s - o.sent_s) * 1000) for o in sent
+               if o.result is not None and o.result.status == "ok"]
+    f["ok_stages"] = stage_line(stage_times(stamped), label="accepted requests, per stage")
     lag = [(o.submitted_s - o.sent_s) * 1000 for o in sent if o.submitted_s is not None]
     f["submit_lag_ms"] = {q: round(v) for q in (50, 99) if (v := percentile(lag, q)) is not None}
     firsts = sorted((max(0.0, o.sent_s - t0), o.latency_s) for o in sent
@@ -247,6 +251,7 @@ def report(f: dict) -> str:
         (f"service rate             {f.get('measured_tokens_per_s_p50')} tokens/s measured "
          f"(p50 of the snapshots); served {round(f['served_rps'] * (f.get('tokens') or 0))}"),
         f"client submit lag (ms)   {f.get('submit_lag_ms')}",
+        f.get("ok_stages", ""),
         f"worst ok latency by send second {f.get('ok_latency_by_second')}",
         f"process died             {f['failed_process']}",
     ])

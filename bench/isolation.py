@@ -1,0 +1,239 @@
+"""Isolation on a multi-org trace: a burst must not become any quiet org's latency.
+
+Twelve quiet orgs send a steady mix (Poisson arrivals, token counts drawn
+from a long-tailed distribution, the shape of production embedding traffic)
+for ``--seconds``; one org bursts ``--burst`` requests of 256 tokens at
+once, five seconds in. The trace is replayed through the pipeline as
+deployed (admission, scheduler and a worker each in its own process, on the
+embedded broker) with a fake model at GPU-like speed (2 ms + 0.01 ms per
+padded token), three times: without the burst, with it, and with a burst
+``--factor`` times larger.
+
+What must hold, per quiet org: its p99 with a burst <= its p99 without +
+three full-batch times (the batches a worker may hold ahead of it, and its
+own), where a full batch is the run's own fitted batch time
+(:func:`producer.replay_outcomes.fit_batch_time`) at ``max_batch_tokens``.
+Ingress is keyed by org, and an org whose key lands on the bursting org's
+partition used to wait behind the whole burst at admission; so each
+**layout** (``--layouts``) names the quiet orgs afresh, and every layout
+puts some of them on the bursting org's ingress partition. The table marks
+those orgs (``shares``).
+
+Prints per layout and org: p99 without / with the burst / with the larger
+burst, the margin to the bound, and the quiet orgs' stage split (p99) under
+each burst. ``--json OUT`` writes the figures. Exit 1 if any org is over.
+
+Run: ``python bench/isolation.py`` (two layouts, bursts of 5,000 and 20,000;
+a few minutes on 2 cores); ``--quick`` (one layout, 2,000 and 8,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import msgspec
+
+from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
+from plumbing.logs import configure_logging
+from plumbing.outbox import partition_for_key
+from plumbing.processes import ProcessStack
+from plumbing.topics import delete_topics, describe_topics
+from producer.replay import ReplaySettings, replay
+from producer.replay_outcomes import fit_batch_time
+from producer.replay_sources import ReplayItem
+from producer.stages import percentile_ms, stage_line, stage_times
+from producer.textsynth import TextSynth
+from schemas.config import parse_config
+from schemas.messages import Request
+from worker.tokenizer import WhitespaceTokenCounter
+
+__all__ = ["main"]
+
+BURST_ORG = "bulkcorp"
+MODEL = "fake:ms_per_batch=2,ms_per_token=0.01"
+INGRESS_PARTITIONS = 16
+
+
+def config_text(prefix: str, quiet: list[str]) -> str:
+    """One embed endpoint, the quiet orgs and the bursting org in one tier."""
+    orgs = "".join(f'[orgs."{o}"]\ntier = "standard"\n' for o in [*quiet, BURST_ORG])
+    return f"""
+[service]
+topic_prefix = "{prefix}"
+ingress_partitions = {INGRESS_PARTITIONS}
+heartbeat_ms = 250
+state_interval_ms = 100
+
+[[tiers]]
+name = "standard"
+
+[endpoints.embed]
+kind = "embed"
+model = "fake"
+quantum = 2048
+max_batch_tokens = 4096
+max_batch_size = 64
+max_request_tokens = 2048
+# A bulk job accepts minutes of queueing: the scheduler, not the throttle, is measured.
+latency_target_ms = 600000
+
+{orgs}"""
+
+
+def layout(seed: int, n: int = 12, sharing: int = 4) -> list[str]:
+    """``n`` quiet org names, ``sharing`` of them on the bursting org's ingress partition."""
+    home = partition_for_key(BURST_ORG.encode(), INGRESS_PARTITIONS)
+    rng = random.Random(seed)
+    same, other = [], []
+    while len(same) < sharing or len(other) < n - sharing:
+        name = f"org-{rng.randrange(10**6):06d}"
+        (same if partition_for_key(name.encode(), INGRESS_PARTITIONS) == home else other)\
+            .append(name)
+    return same[:sharing] + other[:n - sharing]
+
+
+def trace(quiet: list[str], burst: int, seconds: float, rate: float, seed: int) -> list[ReplayItem]:
+    """Poisson arrivals per quiet org, long-tailed token counts; the burst at 5 s."""
+    rng = random.Random(seed)
+    synth = TextSynth(WhitespaceTokenCounter())
+    out: list[ReplayItem] = []
+    for org in quiet:
+        t = rng.expovariate(rate)
+        i = 0
+        while t < seconds:
+            tokens = max(8, min(256, int(rng.lognormvariate(3.8, 0.6))))
+            rid = f"{org}-{i}"
+            out.append(ReplayItem(ts=t, tokens=tokens, request=Request(
+                id=rid, org=org, endpoint="embed", input=synth.make_input("embed", tokens, rid))))
+            t += rng.expovariate(rate)
+            i += 1
+    out += [ReplayItem(ts=5.0, tokens=256, request=Request(
+        id=f"b{i}", org=BURST_ORG, endpoint="embed",
+        input=synth.make_input("embed", 256, f"b{i}"))) for i in range(burst)]
+    return sorted(out, key=lambda it: it.ts)
+
+
+def p99_by_org(run) -> dict[str, float | None]:
+    lat: dict[str, list[float]] = {}
+    for o in run.outcomes:
+        if o.status == "ok" and o.completed_s is not None:
+            lat.setdefault(o.org, []).append((o.completed_s - o.arrival_s) * 1000)
+    return {org: percentile_ms(v, 99) for org, v in lat.items()}
+
+
+async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
+    quiet = layout(seed)
+    home = partition_for_key(BURST_ORG.encode(), INGRESS_PARTITIONS)
+    prefix = f"iso{uuid.uuid4().hex[:6]}."
+    text = config_text(prefix, quiet)
+    config = parse_config(text)
+    env = {"SF_LOG_LEVEL": "WARNING"}
+    if args.embedded:
+        env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.toml"
+        path.write_text(text)
+        try:
+            async with ProcessStack(path, kafka.require_bootstrap(), endpoints=["embed"],
+                                    model=MODEL, env=env,
+                                    extra_args={"admission": ["--token-counter", "fake"]}):
+                settings = ReplaySettings(timeout_s=180, progress=False, samples=False)
+                await replay(kafka, config, trace(quiet, 0, 2, args.rate, seed), settings)
+                for label, burst in (("none", 0), ("burst", args.burst),
+                                     ("larger", args.burst * args.factor)):
+                    items = trace(quiet, burst, args.seconds, args.rate, seed)
+                    run = await replay(kafka, config, items, settings)
+                    quiet_results = [(g[0], g[1] * 1000) for it, g in zip(items, run.results,
+                                                                          strict=True)
+                                     if g is not None and it.request.org != BURST_ORG]
+                    runs[label] = (run, stage_times(quiet_results))
+        finally:
+            await delete_topics(kafka, await describe_topics(kafka, prefix))
+    fits = [f for r, _ in runs.values()
+            if (f := fit_batch_time(g[0] for g in r.results if g is not None))]
+    fit = max(fits, key=lambda f: f["batches"])
+    full_ms = fit["overhead_ms"] + fit["ms_per_token"] * config.endpoints["embed"].max_batch_tokens
+    p99 = {label: p99_by_org(r) for label, (r, _) in runs.items()}
+    rows = []
+    for org in quiet:
+        base = p99["none"].get(org)
+        bound = None if base is None else base + 3 * full_ms
+        worst = max((p99[k].get(org) or float("inf")) for k in ("burst", "larger"))
+        rows.append({"org": org, "shares": partition_for_key(org.encode(), INGRESS_PARTITIONS)
+                     == home, "p99_none_ms": base, "p99_burst_ms": p99["burst"].get(org),
+                     "p99_larger_ms": p99["larger"].get(org), "bound_ms": bound,
+                     "within": bound is not None and worst <= bound})
+    not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
+    return {"seed": seed, "full_batch_ms": full_ms, "fit": fit, "orgs": rows, "not_ok": not_ok,
+            "stages": {label: stage_line(st, label=f"quiet orgs, {label}")
+                       for label, (_, st) in runs.items()}}
+
+
+async def amain(args) -> list[dict]:
+    kafka = settings_from_args(args)
+    args.embedded = kafka.bootstrap is None
+    out = []
+    async with kafka_endpoint(kafka) as bootstrap:
+        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
+        if args.embedded:
+            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
+                                            heartbeat_interval_ms=500)
+        for seed in range(1, args.layouts + 1):
+            out.append(await one_layout(kafka, args, seed))
+    def ms(x):
+        return "-" if x is None else f"{x:,.0f}"
+
+    for lay in out:
+        print(f"\nlayout {lay['seed']}: full batch {lay['full_batch_ms']:.1f} ms (fit "
+              f"{lay['fit']['overhead_ms']:.2f} ms + {lay['fit']['ms_per_token']:.5f} ms/token, "
+              f"{lay['fit']['batches']} batches); not ok: {lay['not_ok']}")
+        print(f"{'org':<12}{'shares':>7}{'p99 none':>10}{f'+{args.burst}':>10}"
+              f"{f'+{args.burst * args.factor}':>10}{'bound':>8}{'margin':>9}  verdict")
+        for r in lay["orgs"]:
+            worst = max(r["p99_burst_ms"] or 0, r["p99_larger_ms"] or 0)
+            margin = None if r["bound_ms"] is None else r["bound_ms"] - worst
+            print(f"{r['org']:<12}{'yes' if r['shares'] else '':>7}{ms(r['p99_none_ms']):>10}"
+                  f"{ms(r['p99_burst_ms']):>10}{ms(r['p99_larger_ms']):>10}{ms(r['bound_ms']):>8}"
+                  f"{ms(margin):>9}  {'ok' if r['within'] else 'OVER'}")
+        for line in lay["stages"].values():
+            print(" ", line)
+    bad = [(lay["seed"], r["org"]) for lay in out for r in lay["orgs"] if not r["within"]]
+    print("\nbound: p99 without the burst + 3 full batches; "
+          + ("every quiet org within it" if not bad else f"OVER for {bad}"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one layout, bursts 2,000 / 8,000")
+    parser.add_argument("--burst", type=int, default=None, help="default 5,000 (quick 2,000)")
+    parser.add_argument("--factor", type=int, default=4, help="the larger burst's multiple")
+    parser.add_argument("--layouts", type=int, default=None, help="default 2 (quick 1)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="quiet traffic, per run")
+    parser.add_argument("--rate", type=float, default=2.0, help="requests/s per quiet org")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    add_kafka_arguments(parser)
+    args = parser.parse_args(argv)
+    args.burst = args.burst or (2_000 if args.quick else 5_000)
+    args.layouts = args.layouts or (1 if args.quick else 2)
+    configure_logging("WARNING")
+    out = asyncio.run(amain(args))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0 if all(r["within"] for lay in out for r in lay["orgs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
