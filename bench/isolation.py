@@ -3,7 +3,9 @@
 Twelve quiet orgs send a steady mix (Poisson arrivals, token counts drawn
 from a long-tailed distribution, the shape of production embedding traffic)
 for ``--seconds``; one org bursts ``--burst`` requests of 256 tokens at
-once, five seconds in. The trace is replayed through the pipeline as
+once, five seconds in, from a process and a producer of its own (another
+team's service: one shared producer made the quiet orgs' sends wait behind
+the burst's in the client itself). The trace is replayed through the pipeline as
 deployed (admission, scheduler and a worker each in its own process, on the
 embedded broker) with a fake model at GPU-like speed (2 ms + 0.01 ms per
 padded token), three times: without the burst, with it, and with a burst
@@ -32,10 +34,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -103,8 +107,35 @@ def layout(seed: int, n: int = 12, sharing: int = 4) -> list[str]:
     return same[:sharing] + other[:n - sharing]
 
 
-def trace(quiet: list[str], burst: int, seconds: float, rate: float, seed: int) -> list[ReplayItem]:
-    """Poisson arrivals per quiet org, long-tailed token counts; the burst at 5 s."""
+def burst_items(burst: int) -> list[ReplayItem]:
+    """``burst`` requests of 256 tokens from the bursting org, all at once."""
+    synth = TextSynth(WhitespaceTokenCounter())
+    return [ReplayItem(ts=0.0, tokens=256, request=Request(
+        id=f"b{i}", org=BURST_ORG, endpoint="embed",
+        input=synth.make_input("embed", 256, f"b{i}"))) for i in range(burst)]
+
+
+def _burst_child(bootstrap: str, text: str, burst: int, start_at: float, out) -> None:
+    """The bursting org, a process of its own (another team's service): its statuses."""
+
+    async def go() -> dict:
+        config = parse_config(text)
+        kafka = KafkaSettings(bootstrap=bootstrap)
+        items = burst_items(burst)
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        run = await replay(kafka, config, items, ReplaySettings(
+            timeout_s=300, progress=False, samples=False, lead_s=0.0))
+        statuses: dict[str, int] = {}
+        for o in run.outcomes:
+            statuses[o.status] = statuses.get(o.status, 0) + 1
+        return statuses
+
+    configure_logging("WARNING")
+    out.put(asyncio.run(go()))
+
+
+def trace(quiet: list[str], seconds: float, rate: float, seed: int) -> list[ReplayItem]:
+    """Poisson arrivals per quiet org, long-tailed token counts."""
     rng = random.Random(seed)
     synth = TextSynth(WhitespaceTokenCounter())
     out: list[ReplayItem] = []
@@ -118,9 +149,6 @@ def trace(quiet: list[str], burst: int, seconds: float, rate: float, seed: int) 
                 id=rid, org=org, endpoint="embed", input=synth.make_input("embed", tokens, rid))))
             t += rng.expovariate(rate)
             i += 1
-    out += [ReplayItem(ts=5.0, tokens=256, request=Request(
-        id=f"b{i}", org=BURST_ORG, endpoint="embed",
-        input=synth.make_input("embed", 256, f"b{i}"))) for i in range(burst)]
     return sorted(out, key=lambda it: it.ts)
 
 
@@ -142,6 +170,7 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     if args.embedded:
         env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
     runs = {}
+    burst_runs: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.toml"
         path.write_text(text)
@@ -149,16 +178,31 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
             async with ProcessStack(path, kafka.require_bootstrap(), endpoints=["embed"],
                                     model=MODEL, env=env,
                                     extra_args={"admission": ["--token-counter", "fake"]}):
-                settings = ReplaySettings(timeout_s=180, progress=False, samples=False)
-                await replay(kafka, config, trace(quiet, 0, 2, args.rate, seed), settings)
+                settings = ReplaySettings(timeout_s=180, progress=False, samples=False,
+                                          lead_s=1.0)
+                await replay(kafka, config, trace(quiet, 2, args.rate, seed), settings)
                 for label, burst in (("none", 0), ("burst", args.burst),
                                      ("larger", args.burst * args.factor)):
-                    items = trace(quiet, burst, args.seconds, args.rate, seed)
+                    items = trace(quiet, args.seconds, args.rate, seed)
+                    child, got = None, None
+                    if burst:
+                        got = multiprocessing.get_context("spawn").Queue()
+                        child = multiprocessing.get_context("spawn").Process(
+                            target=_burst_child, daemon=True,
+                            args=(kafka.require_bootstrap(), text, burst,
+                                  time.time() + settings.lead_s + 5.0, got))
+                        child.start()
                     run = await replay(kafka, config, items, settings)
-                    quiet_results = [(g[0], g[1] * 1000) for it, g in zip(items, run.results,
-                                                                          strict=True)
-                                     if g is not None and it.request.org != BURST_ORG]
-                    runs[label] = (run, stage_times(quiet_results))
+                    if child is not None:
+                        burst_statuses = await asyncio.to_thread(got.get, True, 300)
+                        child.join(10)
+                        burst_runs[label] = burst_statuses
+                    shared = {o for o in quiet
+                              if partition_for_key(o.encode(), INGRESS_PARTITIONS) == home}
+                    split = {k: [(g[0], g[1] * 1000) for g in run.results
+                                 if g is not None and (g[0].org in shared) == (k == "sharing")]
+                             for k in ("sharing", "others")}
+                    runs[label] = (run, {k: stage_times(v) for k, v in split.items()})
         finally:
             await delete_topics(kafka, await describe_topics(kafka, prefix))
     fits = [f for r, _ in runs.values()
@@ -176,9 +220,11 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                      "p99_larger_ms": p99["larger"].get(org), "bound_ms": bound,
                      "within": bound is not None and worst <= bound})
     not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
+    not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")
+               for label, statuses in burst_runs.items()}
     return {"seed": seed, "full_batch_ms": full_ms, "fit": fit, "orgs": rows, "not_ok": not_ok,
-            "stages": {label: stage_line(st, label=f"quiet orgs, {label}")
-                       for label, (_, st) in runs.items()}}
+            "stages": {f"{label}, {k}": stage_line(st[k], label=f"{label}, {k}")
+                       for label, (_, st) in runs.items() for k in ("sharing", "others")}}
 
 
 async def amain(args) -> list[dict]:

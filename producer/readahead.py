@@ -56,18 +56,26 @@ class ReadAhead:
             q.append((rec, at))
             self.held += 1
 
-    def take(self, n: int) -> list[tuple[Hashable, Any, Any]]:
-        """Up to ``n`` (partition, record, fetched at): one per group in turn, each in order."""
+    def take(self, n: int, max_bytes: int | None = None) -> list[tuple[Hashable, Any, Any]]:
+        """Up to ``n`` (partition, record, fetched at): one per group in turn, each in order.
+
+        ``max_bytes``: stop once the records taken hold this many bytes of
+        value (at least one record is taken).
+        """
         out: list[tuple[Hashable, Any, Any]] = []
         ring, groups = self._ring, self._groups
-        while len(out) < n and ring:
+        size = 0
+        budget = float("inf") if max_bytes is None else max_bytes
+        while len(out) < n and ring and size < budget:
             # One pass over the ring as it stands: one record of each group.
             for _ in range(len(ring)):
-                if len(out) >= n:
+                if len(out) >= n or size >= budget:
                     break
                 g = ring.popleft()
                 q = groups[g]
-                out.append((g[0], *q.popleft()))
+                item = q.popleft()
+                size += len(item[0].value or b"")
+                out.append((g[0], *item))
                 if q:
                     ring.append(g)
                 else:

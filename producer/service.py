@@ -102,6 +102,10 @@ class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     #: Records decided per step (one org at a time in turn, see
     #: :mod:`producer.readahead`); a step's writes go out together.
     max_step_records: int = 500
+    #: ... and of at most this many bytes of input: under a burst of long
+    #: texts a step's writes then stay small, and a quiet org's record decided
+    #: in the next step does not wait behind one large produce request.
+    max_step_bytes: int = 256 * 1024
     #: Fetched records held undecided at most. Reading ahead lets a quiet
     #: org's record, fetched behind a burst on its partition, be decided in
     #: the next step instead of after the burst; offsets are committed in
@@ -355,7 +359,7 @@ class AdmissionService:
                         self._ahead.add(tp, records, fetched_ms)
                 if not self._ahead.held:
                     continue
-                step = await self._step(self._ahead.take(s.max_step_records))
+                step = await self._step(self._ahead.take(s.max_step_records, s.max_step_bytes))
                 await queue.put(step)
         finally:
             try:

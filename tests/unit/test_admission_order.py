@@ -67,3 +67,11 @@ def test_every_record_once_and_each_org_of_a_partition_in_order(adds, step):
     for group in counters:
         mine = [r.value[2] for p, r in out if (p, r.value[1]) == group]
         assert mine == sorted(mine)
+
+
+def test_a_step_stops_at_its_byte_budget_but_takes_at_least_one_record():
+    """Long texts: a step holds what fits in its bytes, and never nothing."""
+    ahead = ReadAhead()
+    ahead.add(0, [Rec(b"bulk", "x" * 1000) for _ in range(50)])
+    assert len(ahead.take(500, max_bytes=10_000)) == 10
+    assert len(ahead.take(500, max_bytes=1)) == 1
