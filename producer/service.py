@@ -154,6 +154,10 @@ def _retriable(exc: BaseException) -> bool:
     return isinstance(exc, KafkaTimeoutError | OSError) or bool(getattr(exc, "retriable", False))
 
 
+#: Decisions between two yields to the event loop while a step is decided.
+_YIELD_EVERY = 64
+
+
 class _Send(msgspec.Struct):
     """One record to write, and what to do if it cannot be written."""
 
@@ -420,11 +424,13 @@ class AdmissionService:
             self._generation = group_generation(self._consumer)
         step = _Step(generation=self._generation, offsets=self._offsets)
         outbox = self._outbox
-        for tp, rec, fetched_ms in taken:
+        for n, (tp, rec, fetched_ms) in enumerate(taken, 1):
             for send in self._decide(rec, fetched_ms):
                 send.tp = tp
                 step.sends.append(send)
                 outbox.add(send.topic, send.value, key=send.key, headers=send.headers)
+            if n % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a step is milliseconds of work: the loop's other tasks
         step.written = await outbox.submit()
         return step
 

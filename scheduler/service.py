@@ -169,6 +169,10 @@ class SchedulerService:
         self._stopping = asyncio.Event()
         self._pending: set[asyncio.Future] = set()
         self._producer = None
+        #: Batches on a connection of their own: aiokafka keeps one produce
+        #: request in flight per connection, and a batch must not wait behind
+        #: snapshots and results.
+        self._batch_producer = None
         self._event_consumer = None
         self._telemetry: TelemetryServer | None = None
         self._broker: BrokerWatch | None = None
@@ -210,6 +214,9 @@ class SchedulerService:
         created = await ensure_topics(self.kafka, self.topics.all(cfg))
         self._producer = make_producer(self.kafka, linger_ms=self.settings.linger_ms)
         await self._producer.start()
+        self._batch_producer = make_producer(self.kafka, linger_ms=self.settings.linger_ms,
+                                             client_id=f"{self.kafka.client_id}-batches")
+        await self._batch_producer.start()
         self.election = LeaderElection(
             self.kafka, self.topics.scheduler_leader, f"{self.topics.prefix}scheduler-leader",
             self.instance, self._producer, on_elected=self._on_elected,
@@ -286,12 +293,13 @@ class SchedulerService:
         if self._event_consumer is not None:
             with contextlib.suppress(Exception):
                 await stop_consumer(self._event_consumer)
-        if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await self._producer.stop()
+        for producer in (self._batch_producer, self._producer):
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
         if self._telemetry is not None:
             await self._telemetry.stop()
-        self._event_consumer = self._producer = None
+        self._event_consumer = self._producer = self._batch_producer = None
         if self.started:
             # Held requests were not committed: they are handed back, and the
             # next leader (or this one restarted) replays them.
@@ -503,7 +511,7 @@ class SchedulerService:
         if not ev.partitions or ev.endpoint not in self.core.lanes:
             return ev  # no lane, no claim: nothing is ever sent for it
         try:
-            known = await self._producer.partitions_for(self.topics.batches(ev.endpoint))
+            known = await self._batch_producer.partitions_for(self.topics.batches(ev.endpoint))
         except KafkaError:
             known = set()
         kept = [p for p in ev.partitions if p in known]
@@ -512,7 +520,7 @@ class SchedulerService:
         self.metrics.failures.labels("unknown_partition").inc()
         log.warning("worker_partitions_unknown", worker=ev.worker, endpoint=ev.endpoint,
                     unknown=[p for p in ev.partitions if p not in known][:10])
-        refresh = self._producer.client.force_metadata_update()
+        refresh = self._batch_producer.client.force_metadata_update()
         refresh.add_done_callback(lambda f: f.cancelled() or f.exception())
         return msgspec.structs.replace(ev, partitions=kept)
 
@@ -606,7 +614,7 @@ class SchedulerService:
     async def _send_batch(self, endpoint: str, partition: int, batch: Batch,
                           entries: list[Entry]) -> None:
         try:
-            fut = await self._producer.send(self.topics.batches(endpoint),
+            fut = await self._batch_producer.send(self.topics.batches(endpoint),
                                             _batch_codec.encode(batch), key=batch.id.encode(),
                                             partition=partition, headers=_MSGPACK_HEADERS)
         except KafkaError as e:

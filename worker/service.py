@@ -249,6 +249,10 @@ class WorkerService:
         self._model_lock = asyncio.Lock()
         self._partitions: list[int] = []
         self._producer = None
+        #: Worker events on a connection of their own: aiokafka keeps one produce
+        #: request in flight per connection, and the credit a worker returns must
+        #: not wait behind its results (it did: three round trips per batch).
+        self._events_producer = None
         self._outbox: Outbox | None = None
         self._consumer = None
         self._telemetry: TelemetryServer | None = None
@@ -299,6 +303,9 @@ class WorkerService:
         created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._producer = make_producer(self.kafka, linger_ms=0)
         await self._producer.start()
+        self._events_producer = make_producer(self.kafka, linger_ms=0,
+                                              client_id=f"{self.kafka.client_id}-events")
+        await self._events_producer.start()
         # Results are read whole by their reader: partitions in turn, no hash per request id.
         self._outbox = Outbox(self._producer, hash_keys=False)
         self._consumer = make_consumer(self.kafka, group_id=f"{self.topics.prefix}worker."
@@ -372,12 +379,13 @@ class WorkerService:
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await stop_consumer(self._consumer)
-        if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await self._producer.stop()
+        for producer in (self._producer, self._events_producer):
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
         if self._telemetry is not None:
             await self._telemetry.stop()
-        self._consumer = self._producer = self._telemetry = None
+        self._consumer = self._producer = self._events_producer = self._telemetry = None
         self.started = False
 
     @staticmethod
@@ -431,7 +439,7 @@ class WorkerService:
             slots=slots, free_slots=max(0, slots - self._holding()),
             sent_ms=int(time.time() * 1000), in_flight=list(self._in_hand),
             released=[b for b in self._in_hand if b in self._released], **fields)
-        md = await self._producer.send_and_wait(self.topics.worker_events,
+        md = await self._events_producer.send_and_wait(self.topics.worker_events,
                                                 _event_codec.encode(ev),
                                                 key=self.worker_id.encode(),
                                                 headers=_MSGPACK_HEADERS)

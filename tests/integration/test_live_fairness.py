@@ -2,7 +2,7 @@
 
 The whole pipeline (admission, scheduler, one worker) runs on the embedded
 broker with the fake model at a fixed service time per batch. One org sends
-a burst of 800 requests at once; three quiet orgs of the same tier send a
+a burst of 1,200 requests at once; three quiet orgs of the same tier send a
 few requests each while it is being served. Asserted as ratios, never as
 milliseconds: every quiet org's p99 is below the bursting org's p50 over 5
 (FIFO gives each quiet org about the burst's own latency), and every
@@ -58,13 +58,13 @@ tier = "standard"
 
 
 def _items() -> list[ReplayItem]:
-    """The burst at 0, then each quiet org every 0.25 s while it is served."""
+    """The burst at 0, then each quiet org every 0.4 s while it is served."""
     def item(rid: str, org: str, ts: float) -> ReplayItem:
         return ReplayItem(ts=ts, tokens=8, request=Request(
             id=rid, org=org, endpoint="embed",
             input=EmbedInput(texts=[" ".join(f"w{rid}x{k}" for k in range(8))])))
-    out = [item(f"b{i}", BURST, 0.0) for i in range(800)]
-    out += [item(f"{org}-{i}", org, 0.2 + 0.25 * i) for org in QUIET for i in range(PER_QUIET)]
+    out = [item(f"b{i}", BURST, 0.0) for i in range(1200)]
+    out += [item(f"{org}-{i}", org, 0.2 + 0.4 * i) for org in QUIET for i in range(PER_QUIET)]
     return sorted(out, key=lambda it: it.ts)
 
 
@@ -75,7 +75,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 async def _run(kafka_settings, prefix: str, policy: str):
     config = _config(prefix)
-    # 30 ms a batch of 8: the burst takes ~3 s of model time.
+    # 30 ms a batch of 8: the burst takes ~4.5 s of model time.
     async with Stack(config, kafka_settings, model="fake:ms_per_batch=30", policy=policy,
                      endpoints=["embed"]):
         run = await replay(kafka_settings, config, _items(),
@@ -93,7 +93,7 @@ async def test_quiet_orgs_p99_is_a_fifth_of_the_bursts_p50_and_nothing_is_missin
     run, latency = await _run(kafka_settings, topic_prefix, "drr")
     statuses = {o.status for o in run.outcomes}
     assert statuses == {"ok"}, f"not every request came back ok: {statuses}"
-    assert len(run.outcomes) == 800 + len(QUIET) * PER_QUIET
+    assert len(run.outcomes) == 1200 + len(QUIET) * PER_QUIET
     burst_p50 = _pct(latency[BURST], 50)
     for org in QUIET:
         assert len(latency[org]) == PER_QUIET
