@@ -6,18 +6,17 @@ handover is a clean stop, and fencing is exercised with hand-written batches.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
-from plumbing.kafka import KafkaSettings
+from plumbing.kafka import KafkaSettings, group_generation
 from plumbing.topics import ensure_topics
 from scheduler.service import SchedulerService
 from schemas.codec import codec_for
 from schemas.messages import Batch
 from schemas.topics import Topics
-from tests.integration.test_pipeline import (
+from tests.integration.pipeline_setup import (
     Reader,
     fake_worker,
     make_config,
@@ -25,7 +24,7 @@ from tests.integration.test_pipeline import (
     request,
     running,
     sample,
-    wait_for,
+    until,
 )
 
 pytestmark = pytest.mark.integration
@@ -43,23 +42,33 @@ async def test_standby_waits_then_takes_over_a_clean_stop(kafka_settings: KafkaS
                     topics=topics) for i, org in enumerate(["acme", "bulk"] * 20)]
     async with running(a), running(worker), \
             Reader(kafka_settings, topics.results, cfg.service.results_partitions) as results:
-        await wait_for(lambda: a.readiness()[0], 15)
+        await until(lambda: a.readiness()[0], "the first scheduler to lead")
+        before = group_generation(a.election.consumer)
         async with running(b):
-            await wait_for(lambda: b.election.state == "standby" and b.flow.workers, 15)
-            await asyncio.sleep(1.5)  # b's join rebalanced the leader group: a must keep it
-            assert a.may_dispatch() and not b.leading
+            # b's join rebalances the leader group; once both members are in the
+            # same, newer generation, the rebalance is over and a must still lead.
+            def rebalanced() -> bool:
+                ga = group_generation(a.election.consumer)
+                gb = group_generation(b.election.consumer)
+                return ga is not None and gb is not None and ga[0] == gb[0] > before[0]
+            await until(rebalanced, "both schedulers in the leader group's next generation")
+            await until(lambda: a.may_dispatch(), "the leader to resume after the rebalance")
+            assert not b.leading and b.election.state == "standby"
             ready, why = b.readiness()
             assert not ready and why.startswith("standby")
+            await until(lambda: b.flow.workers, "the standby to know the worker")
             await produce(kafka_settings, lambda r: topics.tier(r.tier), reqs)
-            await results.until(lambda items: len(items) >= 8)
+            await results.until(lambda items: len(items) >= 8, "the first results")
             a_epoch = a.epoch
             await a.stop()
-            await wait_for(lambda: b.readiness()[0], 15)
+            await until(lambda: b.readiness()[0], "the standby to take over")
             assert b.epoch > a_epoch
-            got = await results.until(lambda items: {r.id for r in items} >= {r.id for r in reqs},
-                                      timeout_s=30)
-            await asyncio.sleep(0.5)  # a duplicate would show up here
-            got = await results.until(lambda items: True)
+            await results.until(lambda items: {r.id for r in items} >= {r.id for r in reqs},
+                                "a result for every request", timeout_s=30)
+            await until(lambda: b.core.held == 0
+                        and not any(w.outstanding for w in b.flow.workers.values()),
+                        "the new leader to hold nothing and see every batch done")
+            got = await results.settle()  # the whole topic, then a quiet second
     ids = [r.id for r in got]
     assert sorted(ids) == sorted(r.id for r in reqs), "a clean handover dispatches nothing twice"
     assert {r.status for r in got} == {"ok"}
@@ -84,9 +93,8 @@ async def test_worker_drops_a_batch_older_than_one_it_saw(kafka_settings: KafkaS
     worker = fake_worker(cfg, kafka_settings, "w-f")
     async with running(worker), \
             Reader(kafka_settings, topics.results, cfg.service.results_partitions) as results:
-        await results.until(lambda items: {r.id for r in items} >= {reqs[0].id, reqs[2].id})
-        await asyncio.sleep(0.3)
-        got = await results.until(lambda items: True)
+        await until(lambda: sample(worker.registry, "sf_worker_failures_total", endpoint="embed",
+                                   reason="stale_epoch") == 1, "the stale batch to be dropped")
+        await until(lambda: worker.stats.batches == 2, "the two current batches to be served")
+        got = await results.settle()  # the whole topic, then a quiet second
         assert sorted(r.id for r in got) == sorted([reqs[0].id, reqs[2].id])
-        assert sample(worker.registry, "sf_worker_failures_total", endpoint="embed",
-                      reason="stale_epoch") == 1
