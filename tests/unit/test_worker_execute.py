@@ -1,6 +1,7 @@
 """BatchExecutor: one result per request, failures contained, results early."""
 
 import asyncio
+import threading
 
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput
 from worker.execute import BatchExecutor
@@ -98,16 +99,23 @@ async def test_rerank_scores_and_ranking():
 
 async def test_runs_in_a_thread_by_default():
     """The default runner keeps the event loop free while the model computes."""
-    ex = BatchExecutor(FakeEmbedder(ms_per_batch=50), "embed", worker="w")
-    ticks = 0
+    entered, gate = threading.Event(), threading.Event()
 
-    async def ticker():
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.005)
-            ticks += 1
+    class Gated(FakeEmbedder):
+        """Computes only once the event loop opens the gate: impossible if it blocks the loop."""
 
-    t = asyncio.create_task(ticker())
-    await collect(ex, batch([req(0)]))
-    t.cancel()
-    assert ticks >= 3
+        def encode(self, texts, *, lengths=None):
+            self.thread = threading.get_ident()
+            entered.set()
+            self.opened = gate.wait(timeout=10)
+            return super().encode(texts, lengths=lengths)
+
+    model = Gated()
+    ex = BatchExecutor(model, "embed", worker="w")
+    serving = asyncio.create_task(collect(ex, batch([req(0)])))
+    assert await asyncio.to_thread(entered.wait, 10), "the model was never called"
+    gate.set()  # the loop runs while the model is inside encode
+    steps = await asyncio.wait_for(serving, 10)
+    assert model.opened, "encode blocked the event loop until its own timeout"
+    assert model.thread != threading.get_ident()
+    assert [r.status for s in steps for r in s] == ["ok"]
