@@ -18,7 +18,12 @@ Then what consumes those messages, fed with whatever the decoders let through:
   core behind it: no exception, nothing sent to an illegal or disallowed topic,
   and the next batch always comes back (a poisoned token count must not spin DRR);
 * the scheduler's worker-slot registry (:class:`~scheduler.flow.FlowControl`)
-  and cost feedback, from worker events;
+  and cost feedback, from worker events.
+
+Both scheduler parts run the service's own per-record code
+(:class:`~scheduler.service.SchedulerService`, never started, with a fake
+producer): ``intake._take`` for a tier record, ``_existing_partitions`` then
+``_observe`` for a decoded worker event, as its loops call them;
 * admission's throttle, from scheduler-state snapshots: no snapshot can make
   admission fail a request instead of deciding it.
 """
@@ -28,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import signal
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -42,15 +46,13 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from plumbing.kafka import KafkaSettings
 from producer.admission import Admitted, DeadLetterReason, Refused, decide
 from producer.ratelimit import RateLimiter
 from producer.throttle import ThrottleState
 from scheduler import intake as intake_module
-from scheduler.core import Scheduler
-from scheduler.flow import FlowControl
-from scheduler.intake import TierIntake
-from scheduler.metrics import SchedulerMetrics
-from scheduler.snapshot import Backlog, ServiceRate
+from scheduler import service as service_module
+from scheduler.service import SchedulerService
 from schemas.codec import DecodeError, codec_for
 from schemas.config import parse_config
 from schemas.messages import (
@@ -294,34 +296,55 @@ def test_worker_answers_every_request_of_any_decodable_batch_once(seed, kind, re
 
 
 class _FakeProducer:
-    """Records what the intake would write; every write succeeds."""
+    """Records what the service would write; every write succeeds. Batch topics have the
+    configured partitions."""
 
     def __init__(self):
         self.sent: list[tuple[str, bytes]] = []
+        self.client = self
 
     async def send_and_wait(self, topic, value=None, key=None, headers=None, partition=None):
         self.sent.append((topic, value))
 
+    async def partitions_for(self, topic):
+        return {p for ep, e in CONFIG.endpoints.items() if topic == TOPICS.batches(ep)
+                for p in range(e.partitions)}
 
-class _Timeout(Exception):
-    pass
-
-
-@contextmanager
-def _within(seconds: float):
-    """Fail, instead of hanging the suite, if the block runs longer than ``seconds``."""
-    def alarm(signum, frame):
-        raise _Timeout(f"still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+    def force_metadata_update(self):
+        done = _LOOP.create_future()
+        done.set_result(True)
+        return done
 
 
-_METRICS = SchedulerMetrics(CollectorRegistry())
+#: Never connected: the per-record code under test needs no broker.
+_KAFKA = KafkaSettings(bootstrap="127.0.0.1:9")
+
+
+def _scheduler() -> tuple[SchedulerService, _FakeProducer]:
+    """A scheduler service that is never started, writing to a fake producer."""
+    svc = SchedulerService(CONFIG, _KAFKA, registry=CollectorRegistry())
+    producer = _FakeProducer()
+    svc._producer = svc.intake._producer = producer
+    return svc, producer
+
+
+class _Fuel:
+    """A lane's cost model that stops a spinning DRR: every selection evaluates a cost, so
+    more evaluations than ``limit`` mean the lane is granting turns without serving."""
+
+    def __init__(self, inner, limit: int):
+        self.inner, self.left, self.limit = inner, limit, limit
+
+    def cost(self, e):
+        self.left -= 1
+        if self.left < 0:
+            raise AssertionError(f"DRR spun: {self.limit} cost evaluations without draining")
+        return self.inner.cost(e)
+
+    def observe(self, samples):
+        self.inner.observe(samples)
+
+
 _LEGAL_TOPIC = __import__("re").compile(r"[A-Za-z0-9._\-]{1,249}")
 
 
@@ -387,10 +410,8 @@ def test_scheduler_intake_survives_any_tier_record(records):
 
 
 def _intake_property(records):
-    core = Scheduler(CONFIG)
-    producer = _FakeProducer()
-    intake = TierIntake(CONFIG, TOPICS, core, Backlog(), _METRICS, Counter(), asyncio.Event())
-    intake._producer = producer
+    svc, producer = _scheduler()
+    core, intake = svc.core, svc.intake
     allowed_reply = TOPICS.reply_prefix(CONFIG)
     for offset, (value, headers) in enumerate(records):
         before = (core.held, len(producer.sent))
@@ -406,13 +427,18 @@ def _intake_property(records):
                 or (topic.startswith(allowed_reply) and len(topic) > len(allowed_reply)), topic
         assert sends <= 2
     now = time.time()
-    with _within(2.0):
-        for endpoint in list(core.lanes):
-            while core.lanes[endpoint].held:
-                d = core.next_batch(endpoint, now)
-                assert d.batch or d.expired
-                for e in d.batch:
-                    assert e.tokens <= CONFIG.endpoints[endpoint].max_request_tokens
+    for endpoint, lane in core.lanes.items():
+        # Each call serves or expires at least one request, within a bounded number of
+        # cost evaluations (a token count DRR cannot serve would spin for ever).
+        lane.cost = _Fuel(lane.cost, 100 * (lane.held + 1))
+        for _ in range(lane.held):
+            d = core.next_batch(endpoint, now)
+            assert d.batch or d.expired
+            for e in d.batch:
+                assert e.tokens <= CONFIG.endpoints[endpoint].max_request_tokens
+            if not lane.held:
+                break
+        assert lane.held == 0
 
 
 # -- the scheduler: worker events in -----------------------------------------------------------
@@ -421,32 +447,34 @@ def _intake_property(records):
 @fuzz_settings(4_000)
 @given(seeds=st.lists(_SEEDS, min_size=1, max_size=6), record=hostile_record(WorkerEvent))
 def test_worker_events_never_break_slots_or_costs(seeds, record):
-    """Any decodable events keep slots non-negative, claims on announced partitions, costs finite."""
-    flow = FlowControl(CONFIG.service.worker_timeout_ms)
-    core = Scheduler(CONFIG)
-    rates = ServiceRate()
+    """Any decodable events keep slots non-negative, claims on existing partitions, costs finite."""
+    with _quiet(service_module):
+        _events_property(seeds, record)
+
+
+def _events_property(seeds, record):
+    svc, _ = _scheduler()
+    flow = svc.flow
     now_ms = float(NOW_MS)
     events = [event_from(random.Random(s), finite=False) for s in seeds]
     decoded = check_decoder(WorkerEvent, *record[:2])
     if decoded is not None:
         events.append(decoded)
     for ev in events:
-        flow.observe(ev, now_ms)
-        if ev.kind == "batch_done":
-            if ev.timings and ev.endpoint in core.lanes:
-                core.feedback(ev.endpoint, [(t.org, t.tokens, t.seconds) for t in ev.timings])
-            rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000)
-        for endpoint in CONFIG.endpoints:
+        svc._observe(_LOOP.run_until_complete(svc._existing_partitions(ev)), now_ms)
+        for endpoint, ep in CONFIG.endpoints.items():
             claim = flow.claim(endpoint)
             if claim is not None:
                 w = flow.workers[claim.worker]
                 assert claim.partition in w.partitions and w.free >= 0
+                assert 0 <= claim.partition < ep.partitions, claim
                 flow.sent(claim.worker, f"b{now_ms}", now_ms)
-        flow.expire(now_ms)
+        for lost in flow.expire(now_ms):
+            svc._lost(lost)
         now_ms += 100
-    total = rates.total(list(flow.workers))
+    total = svc.rates.total(list(flow.workers))
     assert not math.isnan(total) and total >= 0
-    lane = core.lanes["rerank"]
+    lane = svc.core.lanes["rerank"]
     for org in ("acme", "trial", "x"):
         ratio = lane.cost.ratio(org)
         assert math.isfinite(ratio) and 0.25 <= ratio <= 4.0
@@ -513,15 +541,12 @@ def test_a_tier_record_above_max_request_tokens_is_dead_lettered():
     """tokens=2**31 on a tier record: a dead letter with too_many_tokens, not a spinning DRR."""
     req = msgspec.structs.replace(admitted_from(random.Random(1)), endpoint="embed",
                                   tokens=2**31, deadline_at_ms=None)
-    producer = _FakeProducer()
-    core = Scheduler(CONFIG)
-    intake = TierIntake(CONFIG, TOPICS, core, Backlog(), _METRICS, Counter(), asyncio.Event())
-    intake._producer = producer
+    svc, producer = _scheduler()
     with _quiet(intake_module):
-        _LOOP.run_until_complete(intake._take((TOPICS.tier("free"), 0), _tier_record(
+        _LOOP.run_until_complete(svc.intake._take((TOPICS.tier("free"), 0), _tier_record(
             codec_for(AdmittedRequest).encode(req), [("content-type", b"application/msgpack")],
             0)))
-    assert core.held == 0
+    assert svc.core.held == 0
     [letter] = [v for t, v in producer.sent if t == TOPICS.dead_letters]
     assert codec_for(DeadLetter).decode(letter).reason == "too_many_tokens"
 
