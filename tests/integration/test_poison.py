@@ -56,11 +56,27 @@ def _config(prefix: str, **service) -> Config:
 
 
 async def _until(cond, what: str, timeout_s: float = 30.0) -> None:
+    """Wait for ``cond()`` (a bool, or an awaitable of one); fail naming ``what``."""
     deadline = time.monotonic() + timeout_s
-    while not cond():
+    while not await _holds(cond):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def _holds(cond) -> bool:
+    got = cond()
+    return await got if asyncio.iscoroutine(got) else bool(got)
+
+
+async def _committed_to_end(consumer) -> bool:
+    """A service's group consumer committed every assigned partition up to its high watermark:
+    each record it read is decided and everything it wrote for it is acknowledged."""
+    for tp in consumer.assignment():
+        high = consumer.highwater(tp)
+        if high is None or (await consumer.committed(tp) or 0) < high:
+            return False
+    return True
 
 
 class _Tail:
@@ -84,6 +100,14 @@ class _Tail:
         while True:
             for tp, recs in (await self.consumer.getmany(timeout_ms=100)).items():
                 self.records[tp.topic].extend(recs)
+
+    async def at_end(self) -> bool:
+        """Every watched partition fetched and read up to its high watermark."""
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is None or await self.consumer.position(tp) < high:
+                return False
+        return True
 
     async def __aexit__(self, *exc):
         self._task.cancel()
@@ -145,7 +169,10 @@ async def test_admission_survives_a_hostile_burst(kafka_settings, topic_prefix):
                      >= want_answers
                      and len(tail.records[topics.tier("enterprise")]) >= len(good),
                      "every dead letter, answer and admission")
-        await asyncio.sleep(0.5)  # anything extra would show up now
+        # Nothing more can come: every record is committed (so what was written for it is
+        # acknowledged), and the tail has read each output topic to its end.
+        await _until(lambda: _committed_to_end(service._consumer), "the ingress commits")
+        await _until(tail.at_end, "the outputs read to their end")
         assert not task.done(), "the admission loop died"
         assert service.readiness()[0]
 
@@ -289,7 +316,8 @@ async def test_worker_survives_poisoned_batches(kafka_settings, topic_prefix):
         await _until(lambda: len(tail.records[topics.results]) >= answers
                      and len(tail.records[topics.dead_letters]) >= len(undecodable),
                      "every answer and dead letter", 45)
-        await asyncio.sleep(0.3)
+        await _until(lambda: _committed_to_end(worker._consumer), "every batch committed")
+        await _until(tail.at_end, "the results and dead letters read to their end")
         assert not task.done(), "the worker died"
         results = _results(tail.records[topics.results])
         assert {r.id for r in results} == want and len(results) == answers
