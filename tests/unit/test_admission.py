@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from producer.admission import Admitted, DeadLetterReason, Refused, decide
 from producer.ratelimit import RateLimiter
 from producer.throttle import ThrottleState
-from schemas.messages import LaneState, SchedulerState
+from schemas.codec import DecodeError, codec_for, format_from_headers
+from schemas.messages import EmbedInput, LaneState, Request, RequestId, SchedulerState
 from tests.admission_setup import NOW_MS, make_config, request_dict, request_json
 from worker.tokenizer import load_token_counter
 
@@ -132,25 +133,134 @@ def test_a_broken_token_counter_fails_one_request_not_the_loop():
     assert out.result.status == "failed" and "tokenizer exploded" in out.result.message
 
 
+def decode_failure(value: bytes, headers) -> str | None:
+    """The codec's reason for not decoding ``value`` as a Request (None: it decodes)."""
+    try:
+        codec_for(Request).decode(value, format_from_headers(headers))
+    except DecodeError as e:
+        return e.reason
+    return None
+
+
+def readable_id(value: bytes, fmt: str) -> str | None:
+    """The request id a schema failure still shows (what admission answers), else None."""
+    try:
+        obj = msgspec.json.decode(value) if fmt == "json" else msgspec.msgpack.decode(value)
+        return msgspec.convert(obj.get("id"), RequestId) if isinstance(obj, dict) else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def assert_decided(out, value: bytes, headers) -> str | None:
+    """What the codec refuses is dead-lettered with the codec's reason, answered invalid when
+    an id is readable; what it accepts is admitted or refused. Never an admission error."""
+    reason = decode_failure(value, headers)
+    event(f"decoded: {reason is None}")
+    if reason is None:
+        assert isinstance(out, Admitted | Refused), out
+        return None
+    assert isinstance(out, DeadLetterReason) and out.reason == reason, out
+    try:
+        fmt = format_from_headers(headers)
+    except DecodeError:
+        fmt = "json"  # what admission reads a record with an unusable content-type as
+    rid = readable_id(value, fmt)
+    if rid is None:
+        assert out.result is None, out
+    else:
+        assert (out.result.id, out.result.status, out.result.reason) == (
+            rid, "invalid", "decode_error"), out
+    return reason
+
+
 @given(value=st.binary(max_size=300),
        headers=st.lists(st.tuples(st.sampled_from(["content-type", "x"]),
                                   st.binary(max_size=30)), max_size=2))
-def test_never_raises_on_any_bytes(value, headers):
-    """decide() returns an outcome for any bytes and headers."""
-    assert isinstance(run(value, headers), Admitted | Refused | DeadLetterReason)
+def test_any_bytes_are_dead_lettered_with_the_codecs_reason(value, headers):
+    """Bytes the codec refuses become a dead letter with its reason, never an admission error."""
+    assert_decided(run(value, headers), value, headers)
 
 
-@given(st.dictionaries(st.sampled_from(list(request_dict()) + ["priority", "deadline_ms",
-                                                               "reply_to", "tier", "weight"]),
-                       st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8),
-                                 st.lists(st.text(max_size=4), max_size=3),
-                                 st.fixed_dictionaries({"type": st.sampled_from(["embed", "x"]),
-                                                        "texts": st.lists(st.text(max_size=9))}))))
-def test_never_raises_on_any_json_object(fields):
-    """decide() returns an outcome for any JSON object built from request-like fields."""
+def expected_refusal(req: Request, size: int) -> tuple[str, str] | None:
+    """(status, reason) the documented order of checks gives a decoded request of the test
+    registry, from a fresh limiter and no snapshot (created_ms from the record, NOW_MS - 5);
+    None: admitted. Written from the table in ``producer/admission.py``, not from its code."""
+    org, ep = CFG.orgs.get(req.org), CFG.endpoints.get(req.endpoint)
+    kind = "embed" if isinstance(req.input, EmbedInput) else "rerank"
+    texts = req.input.texts if kind == "embed" else req.input.documents
+    # The fake counter counts words; rerank pairs the query with each document.
+    q = len(req.input.query.split()) if kind == "rerank" else 0
+    tokens = max(1, sum(q + len(t.split()) for t in texts))
+    allowed = req.reply_to is None or req.reply_to == "sf.results" or (
+        req.reply_to.startswith("sf.replies.") and len(req.reply_to) > len("sf.replies."))
+    checks = (  # each evaluated only once the ones before it passed
+        (lambda: org is None, "unknown_org"),
+        (lambda: ep is None, "unknown_endpoint"),
+        (lambda: ep.kind != kind, "input_kind_mismatch"),
+        (lambda: req.tier is not None, "tier_not_allowed"),
+        (lambda: req.weight is not None, "weight_not_allowed"),
+        (lambda: req.priority > CFG.priority_cap(org.tier, req.endpoint), "priority_above_cap"),
+        (lambda: not allowed, "reply_topic_not_allowed"),
+        (lambda: len(texts) > ep.max_texts, "too_many_texts"),
+        (lambda: any(len(t) > ep.max_text_chars for t in texts)
+         or (kind == "rerank" and len(req.input.query) > ep.max_text_chars), "text_too_long"),
+        (lambda: size > CFG.service.max_message_bytes, "message_too_large"),
+        (lambda: tokens > ep.max_request_tokens, "too_many_tokens"),
+    )
+    for failed, answer in checks:
+        if failed():
+            return "invalid", answer
+    if req.deadline_ms is not None and NOW_MS - 5 + req.deadline_ms <= NOW_MS:
+        return "expired", "deadline_passed"
+    return None
+
+
+_HOSTILE_VALUES = st.one_of(
+    st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8),
+    st.lists(st.text(max_size=4), max_size=3),
+    st.fixed_dictionaries({"type": st.sampled_from(["embed", "x"]),
+                           "texts": st.lists(st.text(max_size=9))}))
+_WORDS = st.lists(st.sampled_from(["a", "bb", "hello", "w" * 60]), max_size=25).map(" ".join)
+#: Per field, values of the right type that each pass or fail one check.
+_PLAUSIBLE = {
+    "id": st.sampled_from(["r-2", "r.3:x", "x" * 129, "bad id"]),
+    "org": st.sampled_from(["trial", "acme", "vip-trial", "nobody"]),
+    "endpoint": st.sampled_from(["embed", "rerank", "nope"]),
+    "input": st.one_of(
+        st.fixed_dictionaries({"type": st.just("embed"), "texts": st.lists(_WORDS, max_size=6)}),
+        st.fixed_dictionaries({"type": st.just("rerank"), "query": _WORDS,
+                               "documents": st.lists(_WORDS, max_size=6)})),
+    "priority": st.integers(-1, 12),
+    "deadline_ms": st.integers(-10, 10_000),
+    "reply_to": st.sampled_from(["sf.results", "sf.replies.a", "sf.replies.", "elsewhere",
+                                 "sf.requests.free"]),
+    "tier": st.sampled_from(["free", "enterprise"]),
+    "weight": st.sampled_from([1, 2.5]),
+}
+#: Up to four fields replaced, each by a plausible value three times in four.
+_OVERRIDES = st.lists(st.tuples(st.sampled_from(sorted(_PLAUSIBLE)), st.integers(0, 3)).flatmap(
+    lambda ki: st.tuples(st.just(ki[0]), _PLAUSIBLE[ki[0]] if ki[1] else _HOSTILE_VALUES)),
+    max_size=4).map(dict)
+
+
+@given(_OVERRIDES)
+def test_any_request_like_object_gets_the_answer_of_its_first_failed_check(overrides):
+    """A valid request with up to four fields replaced: the codec's dead letter, or the answer
+    of the first check it fails in the documented order, or admitted."""
+    fields = {k: v for k, v in {**request_dict(), **overrides}.items() if v is not None}
     for fmt, enc in (("json", msgspec.json.encode), ("msgpack", msgspec.msgpack.encode)):
         headers = MSGPACK if fmt == "msgpack" else None
-        assert isinstance(run(enc(fields), headers), Admitted | Refused | DeadLetterReason)
+        value = enc(fields)
+        out = run(value, headers)
+        if assert_decided(out, value, headers) is not None:
+            continue
+        want = expected_refusal(codec_for(Request).decode(value, fmt), len(value))
+        event(f"{fmt}: {want[1] if want else 'admitted'}")
+        if want is None:
+            assert isinstance(out, Admitted), out
+        else:
+            assert isinstance(out, Refused), out
+            assert (out.result.status, out.result.reason) == want, (out, fields)
 
 
 # -- invalid -------------------------------------------------------------------
