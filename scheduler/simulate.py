@@ -27,8 +27,12 @@ The model (discrete events, no wall clock anywhere):
   tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
   4,096-token batch in 1.15 s), resemble all-MiniLM-L6-v2 on a few CPU
   cores; on a GPU use e.g. ``--overhead-ms 3 --ms-per-token 0.005``.
-  Each served request's share of its batch's time (by tokens) is fed back
-  with :meth:`Scheduler.feedback`, so the ``adaptive`` cost model learns.
+  Each served request's share of its batch's time is fed back with
+  :meth:`Scheduler.feedback`, so the ``adaptive`` cost model learns: the
+  overhead split evenly over the batch's requests, the per-token time by its
+  tokens (:meth:`ServiceModel.shares_s`). So an org of short requests costs
+  more per token than an org of long ones, as padding and per-sequence work
+  make it on a real model.
 * **Deadlines**: the clock also stops at the earliest held deadline;
   :meth:`Scheduler.expire` returns what is due and each such request is
   counted ``expired``, never served.
@@ -108,6 +112,13 @@ class ServiceModel:
 
     def batch_s(self, tokens: int) -> float:
         return (self.overhead_ms + self.ms_per_token * tokens) / 1000.0
+
+    def shares_s(self, tokens: Sequence[int]) -> list[float]:
+        """Each request's share of its batch's time: the overhead split evenly (a cost per
+        sequence), the rest by its own tokens. They add up to :meth:`batch_s` of the batch;
+        per token, a short request costs more than a long one."""
+        overhead_ms = self.overhead_ms / len(tokens) if tokens else 0.0
+        return [(overhead_ms + self.ms_per_token * t) / 1000.0 for t in tokens]
 
 
 class Admission(Protocol):
@@ -356,7 +367,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                                     tokens=e.tokens, cost=c, arrival_s=e.arrival,
                                     admitted_s=e.arrival, dispatched_s=dispatched, completed_s=t,
                                     batch_id=bid, batch_tokens=tokens, batch_budget=budget))
-        sched.feedback(ep, [(e.org, e.tokens, took * e.tokens / tokens) for e, _ in batch])
+        shares = s.service.shares_s([e.tokens for e, _ in batch])
+        sched.feedback(ep, [(e.org, e.tokens, t) for (e, _), t in zip(batch, shares, strict=True)])
 
     last_sample = float("-inf")
 

@@ -185,12 +185,28 @@ def test_tiers_strict_in_simulation():
 
 
 def test_adaptive_cost_learns_from_feedback():
-    """The rerank lane (adaptive cost) is fed batch timings and still serves everyone."""
-    recs = [TraceRecord(ts=i / 100, org=org, endpoint="rerank", tokens=200, id=f"{org}-{i}")
-            for i in range(300) for org in ("quiet-1", "quiet-2")]
+    """Rerank (adaptive cost): a request costs its tokens until feedback comes; then the org of
+    short requests pays more per token than the org of long ones (the batch overhead)."""
+    recs = [TraceRecord(ts=i / 5, org=org, endpoint="rerank", tokens=tokens, id=f"{org}-{i}")
+            for i in range(60) for org, tokens in (("quiet-1", 20), ("quiet-2", 400))]
     res = simulate(CONFIG, sorted(recs, key=lambda r: r.ts))
-    lane_cost = res.outcomes[0].cost
-    assert all(o.status == "ok" for o in res.outcomes) and lane_cost is not None
+    assert all(o.status == "ok" for o in res.outcomes)
+    served = sorted(res.outcomes, key=lambda o: o.dispatched_s)
+    first = [o for o in served if o.dispatched_s == served[0].dispatched_s]
+    assert all(o.cost == o.tokens for o in first), "a cost before any feedback"
+    late = served[len(served) // 2:]
+    per_token = {org: [o.cost / o.tokens for o in late if o.org == org]
+                 for org in ("quiet-1", "quiet-2")}
+    assert min(per_token["quiet-1"]) > 1 > max(per_token["quiet-2"])
+    assert min(per_token["quiet-1"]) >= 1.2 * max(per_token["quiet-2"])
+
+
+def test_feedback_splits_the_batch_overhead_per_request():
+    """Each request's fed-back time: the overhead shared evenly, then its own tokens."""
+    model = ServiceModel(overhead_ms=6.0, ms_per_token=0.5)
+    shares = model.shares_s([10, 100, 2])
+    assert shares == pytest.approx([(2 + 5) / 1000, (2 + 50) / 1000, (2 + 1) / 1000])
+    assert sum(shares) == pytest.approx(model.batch_s(112))
 
 
 # -- admission -----------------------------------------------------------------
