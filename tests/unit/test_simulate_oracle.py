@@ -1,0 +1,154 @@
+"""The simulator against schedules worked out by hand, not against its own model.
+
+Each scenario is a tiny trace whose every batch was computed on paper from
+the design's rules (DESIGN section 2, the docstrings of ``scheduler.drr``
+and ``scheduler.lane``) and a round service model: a batch of T tokens takes
+10 ms + 1 ms per token. The expected table below each scenario is that
+paper schedule: for every request, when its batch was chosen and when it
+was done (or when it expired). The simulator must reproduce it exactly.
+
+Notation in the comments: ``d(X)`` is org X's DRR deficit; "turn" is a
+grant of ``quantum x weight``; the budget is ``max_batch_tokens``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.simulate import ServiceModel, SimSettings, simulate
+from scheduler.trace import TraceRecord
+from schemas.config import parse_config
+from tests.core_setup import ENDPOINT, config_dict, config_for
+
+#: 10 ms per batch + 1 ms per token: 100 tokens in 0.11 s, 200 in 0.21 s.
+ROUND = ServiceModel(overhead_ms=10.0, ms_per_token=1.0)
+
+
+def rec(rid: str, org: str, tokens: int, ts: float = 0.0, *, priority: int = 0,
+        deadline_ms: int | None = None) -> TraceRecord:
+    return TraceRecord(ts=ts, org=org, endpoint=ENDPOINT, tokens=tokens, id=rid,
+                       priority=priority, deadline_ms=deadline_ms)
+
+
+def schedule(config, records, **settings) -> dict[str, tuple]:
+    """id -> (status, dispatched_s, completed_s) as simulated."""
+    res = simulate(config, records, SimSettings(service=ROUND, **settings))
+    return {o.id: (o.status, o.dispatched_s, o.completed_s) for o in res.outcomes}
+
+
+def assert_schedule(got: dict[str, tuple], want: dict[str, tuple]) -> None:
+    assert set(got) == set(want)
+    for rid, (status, dispatched, completed) in want.items():
+        assert got[rid][0] == status, (rid, got[rid])
+        assert got[rid][1] == (None if dispatched is None else pytest.approx(dispatched)), (
+            rid, got[rid])
+        assert got[rid][2] == pytest.approx(completed), (rid, got[rid])
+
+
+TWO_ORGS = {"a": "t0", "b": "t0"}
+# a1..a4 then b1, b2, all 100 tokens, at t = 0 (a joins the ring first).
+BURST = [rec(f"a{i}", "a", 100) for i in (1, 2, 3, 4)] + [rec(f"b{i}", "b", 100) for i in (1, 2)]
+
+
+def test_drr_interleaves_two_orgs_one_request_per_turn():
+    """Quantum 100, budget 200, all 100 tokens: each batch holds one request of each org."""
+    cfg = config_for(orgs=TWO_ORGS, quantum=100, max_batch_tokens=200)
+    # t=0:    a's turn d(a)=100: a1. a2 does not fit d(a)=0, turn passes.
+    #         b's turn d(b)=100: b1. Budget full (a2 granted d(a)=100, waits).   -> done 0.21
+    # t=0.21: a (still in its turn, d=100): a2; b's turn: b2, b leaves.           -> done 0.42
+    # t=0.42: a: a3, then a new turn: a4.                                         -> done 0.63
+    assert_schedule(schedule(cfg, BURST), {
+        "a1": ("ok", 0.0, 0.21), "b1": ("ok", 0.0, 0.21),
+        "a2": ("ok", 0.21, 0.42), "b2": ("ok", 0.21, 0.42),
+        "a3": ("ok", 0.42, 0.63), "a4": ("ok", 0.42, 0.63),
+    })
+
+
+def test_fifo_serves_the_same_burst_in_arrival_order():
+    """The FIFO baseline on the same trace: b waits behind all of a."""
+    cfg = config_for(orgs=TWO_ORGS, quantum=100, max_batch_tokens=200)
+    assert_schedule(schedule(cfg, BURST, policy="fifo"), {
+        "a1": ("ok", 0.0, 0.21), "a2": ("ok", 0.0, 0.21),
+        "a3": ("ok", 0.21, 0.42), "a4": ("ok", 0.21, 0.42),
+        "b1": ("ok", 0.42, 0.63), "b2": ("ok", 0.42, 0.63),
+    })
+
+
+def test_weight_two_gets_two_requests_per_round():
+    """Weights 2:1, quantum 100, budget 300: every batch is two of a's and one of b's."""
+    cfg = config_for(orgs={"a": ("t0", 2.0), "b": ("t0", 1.0)}, quantum=100,
+                     max_batch_tokens=300)
+    trace = [rec(f"a{i}", "a", 100) for i in range(1, 7)] + \
+        [rec(f"b{i}", "b", 100) for i in range(1, 4)]
+    # Each round: a's turn d(a)=200 pays two, b's turn d(b)=100 pays one: 300 tokens,
+    # 0.31 s a batch.
+    assert_schedule(schedule(cfg, trace), {
+        "a1": ("ok", 0.0, 0.31), "a2": ("ok", 0.0, 0.31), "b1": ("ok", 0.0, 0.31),
+        "a3": ("ok", 0.31, 0.62), "a4": ("ok", 0.31, 0.62), "b2": ("ok", 0.31, 0.62),
+        "a5": ("ok", 0.62, 0.93), "a6": ("ok", 0.62, 0.93), "b3": ("ok", 0.62, 0.93),
+    })
+
+
+def test_a_higher_tier_request_takes_the_next_batch():
+    """Strict tiers: a gold request arriving mid-batch goes before the free backlog."""
+    cfg = config_for(tiers=("gold", "free"), orgs={"g": "gold", "f": "free"}, quantum=100,
+                     max_batch_tokens=100)
+    trace = [rec("f1", "f", 100), rec("f2", "f", 100), rec("f3", "f", 100),
+             rec("g1", "g", 100, ts=0.05)]
+    # One request a batch (0.11 s). g1 arrives while f1 is served and is chosen next.
+    assert_schedule(schedule(cfg, trace), {
+        "f1": ("ok", 0.0, 0.11), "g1": ("ok", 0.11, 0.22),
+        "f2": ("ok", 0.22, 0.33), "f3": ("ok", 0.33, 0.44),
+    })
+
+
+def test_priority_then_deadline_within_an_org_and_expiry_at_the_deadline():
+    """One org: higher priority first, then the earlier deadline; a request still held at its
+    deadline expires then, unserved."""
+    raw = config_dict(orgs={"a": "t0"}, quantum=100, max_batch_tokens=100, max_batch_size=1)
+    raw["endpoints"][ENDPOINT]["priority_cap"] = {"t0": 9}
+    cfg = parse_config(raw)
+    trace = [rec("p", "a", 100, priority=9), rec("x", "a", 100, ts=0.01),
+             rec("y", "a", 100, ts=0.02, priority=5),
+             rec("z", "a", 100, ts=0.03, priority=5, deadline_ms=1000),
+             rec("w", "a", 100, ts=0.04, deadline_ms=50)]
+    # p alone at t=0 (0..0.11); the rest arrive while it is served. w's deadline
+    # (0.04 + 0.05) passes first: expired at 0.09, unserved. At 0.11: z (p5, a deadline)
+    # before y (p5, none, though it came first), then x (p0).
+    assert_schedule(schedule(cfg, trace), {
+        "p": ("ok", 0.0, 0.11), "w": ("expired", None, 0.09),
+        "z": ("ok", 0.11, 0.22), "y": ("ok", 0.22, 0.33), "x": ("ok", 0.33, 0.44),
+    })
+
+
+def test_two_slots_choose_the_second_batch_early_and_run_it_after_the_first():
+    """A worker with two slots takes two batches at t=0 and runs them one after the other;
+    the third is chosen when the first is done and starts when the second is."""
+    cfg = config_for(orgs=TWO_ORGS, quantum=100, max_batch_tokens=200)
+    assert_schedule(schedule(cfg, BURST, slots=2), {
+        "a1": ("ok", 0.0, 0.21), "b1": ("ok", 0.0, 0.21),
+        "a2": ("ok", 0.0, 0.42), "b2": ("ok", 0.0, 0.42),
+        "a3": ("ok", 0.21, 0.63), "a4": ("ok", 0.21, 0.63),
+    })
+
+
+def test_adaptive_cost_from_one_batch_of_feedback():
+    """Adaptive cost, EMA alpha 0.5: after one batch of a 10-token and a 90-token request, the
+    short org's next request costs 10 x 27/23 and the long org's 90 x 19/23."""
+    cfg = config_for(orgs={"s": "t0", "l": "t0"}, cost_model="adaptive", quantum=400,
+                     max_batch_tokens=100, max_request_tokens=100, ema_alpha=0.5)
+    trace = [rec("s1", "s", 10), rec("l1", "l", 90), rec("s2", "s", 10, ts=1.0),
+             rec("l2", "l", 90, ts=1.0)]
+    # Batch 1 (0.11 s): 10 ms overhead shared by two requests, so s1 took 5 + 10 = 15 ms
+    # (1.5 ms/token) and l1 5 + 90 = 95 ms (19/18 ms/token). Fed back in batch order:
+    # endpoint EMA 1.5, then (1.5 + 19/18) / 2 = 23/18; s's ratio 1.5 / (23/18) = 27/23,
+    # l's (19/18) / (23/18) = 19/23. Before any feedback a request costs its tokens.
+    res = simulate(cfg, trace, SimSettings(service=ROUND))
+    cost = {o.id: o.cost for o in res.outcomes}
+    assert cost["s1"] == 10 and cost["l1"] == 90
+    assert cost["s2"] == pytest.approx(10 * 27 / 23)
+    assert cost["l2"] == pytest.approx(90 * 19 / 23)
+    assert_schedule({o.id: (o.status, o.dispatched_s, o.completed_s) for o in res.outcomes}, {
+        "s1": ("ok", 0.0, 0.11), "l1": ("ok", 0.0, 0.11),
+        "s2": ("ok", 1.0, 1.11), "l2": ("ok", 1.0, 1.11),
+    })
