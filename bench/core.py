@@ -33,6 +33,8 @@ What is measured:
   The service's own overhead per held request is ``bench/memory.py``'s.
 
 Each figure is the best of ``--rounds`` timed rounds (the machine is shared).
+Exit status: 0 when both targets are met, 1 when one is not, 2 when the run
+did not check them (``--orgs`` without 10 or without 100,000).
 
 Run: ``python bench/core.py`` (~1.5 min on 2 cores), ``--quick`` (~40 s),
 ``--million`` (adds ~30 s).
@@ -276,9 +278,16 @@ def main(argv: list[str] | None = None) -> int:
     drr_growth, naive_growth = drr_lo / drr_hi, naive_lo / naive_hi
     print(f"Per-selection cost growth {lo:,} -> {hi:,} orgs: drr {drr_growth:.2f}x, "
           f"naive {naive_growth:.0f}x")
-    ok_rate = drr_hi >= 100_000 or hi < 100_000
-    print(f"Targets: >= 100,000 sel/s at {hi:,} orgs: {'met' if ok_rate else 'NOT met'} "
-          f"({drr_hi:,.0f}); growth < 2x: {'met' if drr_growth < 2 else 'NOT met'}")
+    # The targets are set at 100,000 orgs and over 10 -> 100,000 orgs: a run that
+    # stops short of either end has not checked them, whatever its figures.
+    checked = lo <= 10 and hi >= 100_000
+    ok_rate, ok_growth = drr_hi >= 100_000, drr_growth < 2
+    if checked:
+        print(f"Targets: >= 100,000 sel/s at {hi:,} orgs: {'met' if ok_rate else 'NOT met'} "
+              f"({drr_hi:,.0f}); growth < 2x: {'met' if ok_growth else 'NOT met'}")
+    else:
+        print(f"Targets NOT CHECKED: they are set at 100,000 orgs and over 10 -> 100,000 orgs; "
+              f"this run covered {lo:,} -> {hi:,} (--orgs must include both)")
 
     n_mem = 20_000 if args.quick else 100_000
     print(f"\nMemory per held request in the core, beyond its payload ({n_mem:,} held, "
@@ -300,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         per, push_s = held_bytes(1_000_000, 100_000, True)
         print(f"  1,000,000 held over 100,000 orgs, with deadlines: {per:,.0f} B/request, "
               f"{per * 1e6 / 2**20:,.0f} MiB in all, push {push_s * 1e6:.2f} us/request")
-    return 0 if ok_rate and drr_growth < 2 else 1
+    if not checked:
+        return 2
+    return 0 if ok_rate and ok_growth else 1
 
 
 if __name__ == "__main__":
