@@ -5,7 +5,9 @@ environment variable ``SF_HYPOTHESIS_PROFILE``; the command-line option wins):
 
 * ``dev`` (default): 200 examples per property, no per-example deadline (a
   shared two-core CI box makes timings noisy), ``too_slow`` suppressed.
-* ``ci``: the same, derandomized, so a CI run is reproducible.
+* ``ci``: the same, derandomized, so a CI run is reproducible. ``.ci/run``
+  sets it (``tests/unit/test_ci_settings.py`` keeps that and
+  ``docs/trust.md`` in step).
 * ``long``: 5,000 examples per property, for a soak run before a release.
 
 Tests that are heavier per example scale their ``max_examples`` from the
