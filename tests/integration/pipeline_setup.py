@@ -33,8 +33,10 @@ _MSGPACK = [("content-type", b"application/msgpack")]
 
 
 def make_config(prefix: str, *, model: str = "fake", worker_timeout_ms: int = 1500,
-                slots: int = 1, max_held: int = 10_000, extra: str = "") -> Config:
-    """Two tiers (gold: acme, free: bulk), an embed and a rerank endpoint; ``extra`` TOML appended."""
+                slots: int = 1, max_held: int = 10_000, rerank: str = "",
+                extra: str = "") -> Config:
+    """Two tiers (gold: acme, free: bulk), an embed and a rerank endpoint; ``rerank`` TOML
+    goes into the rerank endpoint's table, ``extra`` is appended."""
     return parse_config(f"""
 [service]
 topic_prefix = "{prefix}"
@@ -64,6 +66,7 @@ partitions = 2
 kind = "rerank"
 model = "fake"
 partitions = 1
+{rerank}
 
 [orgs.acme]
 tier = "gold"
