@@ -15,6 +15,7 @@ def _e(i: int, org: str, tier: str = "standard", tokens: int = 16) -> Entry:
 
 
 def test_a_quiet_orgs_request_runs_before_a_bursting_orgs():
+    """Within a tier, the orgs with fewer requests in the batch run first."""
     # DRR's order: bulk's quantum first, then the quiet orgs, then bulk again.
     batch = ([_e(i, "bulk") for i in range(28)] + [_e(28, "quiet-1"), _e(29, "quiet-2")]
              + [_e(i, "bulk") for i in range(30, 57)])
@@ -24,17 +25,20 @@ def test_a_quiet_orgs_request_runs_before_a_bursting_orgs():
 
 
 def test_higher_tier_first_even_when_it_has_more_requests():
+    """A higher tier runs first, however many requests it has in the batch."""
     batch = [_e(0, "small", "standard"), _e(1, "big", "enterprise"), _e(2, "big", "enterprise"),
              _e(3, "trial", "free")]
     assert [e.id for e in run_order(batch, TIERS)] == ["r1", "r2", "r0", "r3"]
 
 
 def test_unknown_tier_runs_last():
+    """A request of a tier the configuration no longer has runs last."""
     batch = [_e(0, "gone", "removed-tier"), _e(1, "x", "free")]
     assert [e.id for e in run_order(batch, TIERS)] == ["r1", "r0"]
 
 
 def test_quiet_request_lands_in_the_first_microbatch():
+    """A quiet org's request in a bursting org's batch is in the first micro-batch."""
     batch = [_e(i, "bulk") for i in range(40)] + [_e(40, "quiet", tokens=30)]
     out = run_order(batch, TIERS)
     plan = plan_microbatches([e.tokens for e in out], max_padded_tokens=4096, max_size=16,
@@ -45,6 +49,7 @@ def test_quiet_request_lands_in_the_first_microbatch():
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]),
                           st.sampled_from([*TIERS, "old"])), max_size=60))
 def test_a_permutation_that_keeps_each_orgs_order(spec):
+    """The run order is a permutation that keeps each org's order within its tier."""
     # An org's requests can carry two tiers after a reload changed its tier:
     # its order is kept within each tier.
     batch = [_e(i, org, tier) for i, (org, tier) in enumerate(spec)]

@@ -9,6 +9,7 @@ from worker.service import in_thread
 
 
 def test_threads_are_set_in_the_pool_thread_that_runs_the_model():
+    """in_thread(n) sets torch's threads in the pool thread that runs the call, not only the loop's."""
     before = torch.get_num_threads()
     loop = asyncio.new_event_loop()
     try:
