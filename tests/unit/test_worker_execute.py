@@ -104,6 +104,8 @@ async def test_runs_in_a_thread_by_default():
     class Gated(FakeEmbedder):
         """Computes only once the event loop opens the gate: impossible if it blocks the loop."""
 
+        instant = False  # it takes time, as a real model does
+
         def encode(self, texts, *, lengths=None):
             self.thread = threading.get_ident()
             entered.set()
