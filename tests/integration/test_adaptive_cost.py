@@ -61,12 +61,16 @@ async def test_worker_timings_change_an_orgs_cost(kafka_settings, topic_prefix):
         # No worker now: one more short request is held, and the published backlog charges
         # it at the measured cost, not at its tokens.
         extra = rerank_request(99, "acme", "q", ["a"], tier="gold", topics=topics)
+        await until(lambda: sched.core.held == 0, "the lane to be empty")
         async with Reader(kafka_settings, topics.scheduler_state, 1, SchedulerState) as states:
+            # Past every snapshot so far (the reader starts at the topic's beginning): any
+            # later one that holds a request holds the new one, as nothing else is held.
+            seen = len(await states.settle(quiet_s=0))
             await produce(kafka_settings, lambda r: topics.tier(r.tier), [extra])
             snaps = await states.until(
-                lambda items: any(s.held_requests == 1 for s in items),
+                lambda items: any(s.held_requests == 1 for s in items[seen:]),
                 "a snapshot holding the new request")
-        lane_state = next(s for s in snaps if s.held_requests == 1).lanes["rerank"]
+        lane_state = next(s for s in snaps[seen:] if s.held_requests == 1).lanes["rerank"]
         assert lane_state.held_tokens_by_tier["gold"] == extra.tokens
         assert lane_state.held_cost_by_tier["gold"] == pytest.approx(extra.tokens * acme)
         assert lane_state.held_cost_by_tier["gold"] > extra.tokens
