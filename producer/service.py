@@ -116,7 +116,7 @@ class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_partition_fetch_bytes: int = 1024 * 1024
     #: Steps handed to the producer and not yet settled while the next one
     #: is decided (acknowledged, offsets released).
-    steps_in_flight: int = 4
+    steps_in_flight: int = 8
     #: At most one ingress commit per this interval while steps keep coming
     #: (a step settled with none behind it is committed at once).
     commit_interval_ms: int = 200

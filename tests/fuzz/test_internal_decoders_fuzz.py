@@ -324,7 +324,7 @@ def _scheduler() -> tuple[SchedulerService, _FakeProducer]:
     """A scheduler service that is never started, writing to a fake producer."""
     svc = SchedulerService(CONFIG, _KAFKA, registry=CollectorRegistry())
     producer = _FakeProducer()
-    svc._producer = svc.intake._producer = producer
+    svc._producer = svc._batch_producer = svc.intake._producer = producer
     return svc, producer
 
 
