@@ -30,17 +30,25 @@ __all__ = ["Backlog", "ServiceRate", "lane_state"]
 
 
 class Backlog:
-    """Held requests and tokens per (endpoint, tier, org)."""
+    """Held requests and tokens per (endpoint, tier, org).
+
+    Each org's entry also carries a *join serial*, new every time the org
+    goes from holding nothing to holding something, so that a watcher that
+    looks only now and then (:class:`scheduler.fairness.FairnessWatch`) can
+    tell one long backlog from one that emptied and refilled in between.
+    """
 
     def __init__(self) -> None:
-        # endpoint -> tier -> org -> [requests, tokens]
+        # endpoint -> tier -> org -> [requests, tokens, join serial]
         self._held: dict[str, dict[str, dict[str, list[int]]]] = {}
+        self._serial = 0
 
     def add(self, endpoint: str, tier: str, org: str, tokens: int) -> None:
         orgs = self._held.setdefault(endpoint, {}).setdefault(tier, {})
         c = orgs.get(org)
         if c is None:
-            orgs[org] = [1, tokens]
+            self._serial += 1
+            orgs[org] = [1, tokens, self._serial]
         else:
             c[0] += 1
             c[1] += tokens
@@ -55,6 +63,11 @@ class Backlog:
         if c[0] <= 0:
             del orgs[org]
 
+    def held_serials(self, endpoint: str) -> dict[str, dict[str, int]]:
+        """Orgs holding work on ``endpoint``, per tier, with their join serials."""
+        return {t: {org: c[2] for org, c in orgs.items()}
+                for t, orgs in self._held.get(endpoint, {}).items()}
+
     def active_orgs(self, endpoint: str) -> dict[str, int]:
         """Orgs with work waiting, per tier."""
         return {t: len(orgs) for t, orgs in self._held.get(endpoint, {}).items() if orgs}
@@ -63,7 +76,7 @@ class Backlog:
         """Held tokens per org on ``endpoint``, all tiers together."""
         out: dict[str, int] = {}
         for orgs in self._held.get(endpoint, {}).values():
-            for org, (_, tokens) in orgs.items():
+            for org, (_, tokens, _serial) in orgs.items():
                 out[org] = out.get(org, 0) + tokens
         return out
 
@@ -74,7 +87,7 @@ class Backlog:
     def cost_by_tier(self, endpoint: str, cost: Callable[[str, int, int], float]) -> dict[str, float]:
         """Held cost per tier, with ``cost(org, requests, tokens)`` per org."""
         return {
-            tier: float(sum(cost(org, r, tok) for org, (r, tok) in orgs.items()))
+            tier: float(sum(cost(org, r, tok) for org, (r, tok, _) in orgs.items()))
             for tier, orgs in self._held.get(endpoint, {}).items()
         }
 
