@@ -82,6 +82,7 @@ from plumbing.topics import ensure_topics
 from scheduler.batch_order import run_order
 from scheduler.core import Policy, Scheduler
 from scheduler.entry import Entry
+from scheduler.fairness_metrics import LiveFairness
 from scheduler.flow import FlowControl, LostWorker
 from scheduler.intake import TierIntake, send_result
 from scheduler.leader import LeaderElection
@@ -157,6 +158,7 @@ class SchedulerService:
         self.topics = Topics.of(config)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SchedulerMetrics(self.registry, config)
+        self.fairness = LiveFairness(self.registry, config)
         self.core = Scheduler(config, self.settings.policy)
         self.flow = FlowControl(config.service.worker_timeout_ms,
                                 mode=config.service.flow_control,
@@ -356,6 +358,7 @@ class SchedulerService:
         """Someone else leads: stop reading tiers, hand back everything held."""
         self.leading = False
         self.epoch = 0
+        self.fairness.reset()
         handed = await self._stop_intake()
         log.warning("scheduler_standing_by", instance=self.instance, handed_back=handed)
 
@@ -387,6 +390,7 @@ class SchedulerService:
         self.flow.full_batch_tokens = _full_batches(config)
         self.config = config
         self.metrics.configure(config)
+        self.fairness.configure(config)
         self.intake.reconfigure(config)
         self._wake.set()
         log.info("config_reloaded", tiers=config.tier_names, endpoints=list(config.endpoints))
@@ -587,6 +591,7 @@ class SchedulerService:
                 claim = self.flow.claim(endpoint)
                 if claim is None:
                     break
+                self.fairness.held(now, endpoint, self.backlog)
                 d = self.core.next_batch(endpoint, now)
                 self._expired(d.expired)
                 if not d.batch:
@@ -609,6 +614,8 @@ class SchedulerService:
                     del self._sent_tokens[next(iter(self._sent_tokens))]
                 for e in entries:
                     self.backlog.remove(endpoint, e.tier, e.org, e.tokens)
+                self.fairness.served(now, endpoint, d.batch, self.core.lanes[endpoint].cost.cost,
+                                     self.backlog)
                 await self._send_batch(endpoint, claim.partition, batch, entries)
 
     async def _send_batch(self, endpoint: str, partition: int, batch: Batch,
@@ -719,6 +726,8 @@ class SchedulerService:
             if st.rounds > prev:
                 m.drr_rounds.labels(endpoint).inc(st.rounds - prev)
             self._rounds[endpoint] = st.rounds
+        self.fairness.publish(now, self.backlog,
+                              {ep: lane.batch_ms / 1000 for ep, lane in lanes.items()})
         state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held,
                                epoch=self.epoch)
         self._spawn(self._send_state(state))

@@ -166,6 +166,9 @@ class ServiceConfig(_Config):
     state_interval_ms: PositiveInt = 250
     #: Org ids allowed as metric label values (others are counted as "other").
     metrics_org_allowlist: list[str] = []
+    #: Seconds of history behind the scheduler's live fairness figures
+    #: (``sf_scheduler_fairness_*``): long enough to span several DRR rounds.
+    fairness_window_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
 
 
 class Config(_Config):

@@ -1,0 +1,161 @@
+"""The live fairness figures as Prometheus metrics, and the service's side of the watch.
+
+:class:`LiveFairness` is what the scheduler service holds: a
+:class:`~scheduler.fairness.FairnessWatch` fed from the dispatch loop (who
+holds work, from :class:`~scheduler.snapshot.Backlog`, before and after
+every batch; what the batch charged) and published as gauges with every
+state snapshot. Only a leader publishes; :meth:`LiveFairness.reset` clears
+every series when it stops leading, so a standby exports none and a
+deposed leader's last figures do not linger.
+
+Metrics (``sf_scheduler_fairness_<thing>_<unit>``; labels ``endpoint`` and
+``tier`` come from the configuration, ``org`` is an allow-listed org or
+``other``, as for :class:`scheduler.metrics.SchedulerMetrics`):
+
+=============================================  =================================================
+``..._gap_cost{endpoint,tier}``                largest weight-normalised served-cost difference
+                                               of two orgs backlogged together, in the window
+``..._bound_cost{endpoint,tier}``              the bound the core guarantees for it
+``..._jain_ratio{endpoint,tier}``              Jain's index over backlogged orgs (1: no two waited)
+``..._jain_orgs{endpoint,tier}``               orgs in that index's set (0: none)
+``..._backlogged_orgs{endpoint,tier}``         orgs holding work now
+``..._longest_wait_seconds{endpoint,tier}``    longest time an org with work went without service
+``..._tier_share_ratio{endpoint,tier}``        the tier's share of served cost while backlogged
+``..._tier_share_floor_ratio{endpoint,tier}``  the share its ``min_share`` guarantees (min_share
+                                               tiers only)
+``..._served_share_ratio{endpoint,tier,org}``  an org's share of the lane's served cost
+``..._batch_seconds{endpoint}``                measured time of one batch (the unit of the
+                                               starvation alert)
+``..._window_seconds``                         the window every figure covers
+=============================================  =================================================
+
+Costs are in the lane's cost units (requests, tokens, or token-equivalents
+for ``adaptive``); the definitions are in :mod:`scheduler.fairness`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from scheduler.fairness import FairnessWatch, LaneFigures
+from scheduler.snapshot import Backlog
+from schemas.config import Config
+
+__all__ = ["FairnessMetrics", "LiveFairness"]
+
+_OTHER_ORG = "other"
+
+
+class FairnessMetrics:
+    """The gauges of the live fairness figures, on a registry passed in."""
+
+    def __init__(self, registry: CollectorRegistry):
+        p = "sf_scheduler_fairness"
+        r = registry
+        lt = ["endpoint", "tier"]
+        self.gap = Gauge(f"{p}_gap_cost",
+                         "Largest difference of weight-normalised served cost between two orgs "
+                         "backlogged together, reached in the window (lane cost units)", lt,
+                         registry=r)
+        self.bound = Gauge(f"{p}_bound_cost",
+                           "The gap DRR guarantees: quantum + 2 x largest request cost / "
+                           "min(1, smallest weight) (lane cost units)", lt, registry=r)
+        self.jain = Gauge(f"{p}_jain_ratio",
+                          "Jain's index over backlogged orgs, of the set served most in the "
+                          "window (1 when no two orgs waited together)", lt, registry=r)
+        self.jain_orgs = Gauge(f"{p}_jain_orgs",
+                               "Orgs in the set Jain's index is taken over (0: no two orgs "
+                               "waited together)", lt, registry=r)
+        self.backlogged = Gauge(f"{p}_backlogged_orgs", "Orgs holding work now", lt,
+                                registry=r)
+        self.longest_wait = Gauge(f"{p}_longest_wait_seconds",
+                                  "Longest time an org with work went without any service, "
+                                  "ended in the window or still running", lt, registry=r)
+        self.tier_share = Gauge(f"{p}_tier_share_ratio",
+                                "The tier's share of the lane's served cost over the window's "
+                                "batches after which it still held work", lt, registry=r)
+        self.tier_floor = Gauge(f"{p}_tier_share_floor_ratio",
+                                "The share min_share guarantees over the same batches (tiers "
+                                "with a min_share)", lt, registry=r)
+        self.org_share = Gauge(f"{p}_served_share_ratio",
+                               "An org's share of the lane's served cost in the window "
+                               "(allow-listed orgs, else 'other')", [*lt, "org"], registry=r)
+        self.batch_seconds = Gauge(f"{p}_batch_seconds",
+                                   "Measured time of one batch on the endpoint's workers",
+                                   ["endpoint"], registry=r)
+        self.window = Gauge(f"{p}_window_seconds", "The window the fairness figures cover",
+                            registry=r)
+
+    def clear(self) -> None:
+        for g in (self.gap, self.bound, self.jain, self.jain_orgs, self.backlogged,
+                  self.longest_wait, self.tier_share, self.tier_floor, self.org_share,
+                  self.batch_seconds):
+            g.clear()
+
+
+class LiveFairness:
+    """A FairnessWatch fed by the scheduler service and published as :class:`FairnessMetrics`."""
+
+    def __init__(self, registry: CollectorRegistry, config: Config,
+                 window_s: float | None = None):
+        self.window_s = window_s if window_s is not None else config.service.fairness_window_s
+        self.watch = FairnessWatch(config, self.window_s)
+        self.metrics = FairnessMetrics(registry)
+        self.org_allowlist: frozenset[str] = frozenset()
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        """Follow a (re)loaded configuration."""
+        self.watch.configure(config)
+        self.org_allowlist = frozenset(config.service.metrics_org_allowlist)
+
+    def held(self, now: float, endpoint: str, backlog: Backlog) -> None:
+        """Before a batch is assembled: who holds work on ``endpoint``."""
+        self.watch.held(now, endpoint, backlog.held_serials(endpoint))
+
+    def served(self, now: float, endpoint: str, entries: Iterable,
+               cost: Callable[[object], float], backlog: Backlog) -> None:
+        """Right after a batch was assembled (before any await): what it charged, who waits."""
+        self.watch.served(now, endpoint, [(e.tier, e.org, cost(e)) for e in entries],
+                          backlog.held_serials(endpoint))
+
+    def reset(self) -> None:
+        """Not leading any more: forget, and export nothing."""
+        self.watch.reset()
+        self.metrics.clear()
+
+    def publish(self, now: float, backlog: Backlog,
+                batch_seconds: Mapping[str, float]) -> dict[str, LaneFigures]:
+        """Sync every lane, compute the figures, set the gauges; returns the figures."""
+        for endpoint in list(self.watch.lanes):
+            self.held(now, endpoint, backlog)
+        figures = self.watch.figures(now)
+        m = self.metrics
+        m.window.set(self.window_s)
+        m.tier_floor.clear()  # a tier without a defined floor must not keep an old one
+        m.tier_share.clear()
+        m.org_share.clear()
+        for endpoint, lane in figures.items():
+            for tier, f in lane.tiers.items():
+                m.gap.labels(endpoint, tier).set(f.gap)
+                m.bound.labels(endpoint, tier).set(f.bound)
+                m.jain.labels(endpoint, tier).set(f.jain)
+                m.jain_orgs.labels(endpoint, tier).set(f.jain_orgs)
+                m.backlogged.labels(endpoint, tier).set(f.backlogged)
+                m.longest_wait.labels(endpoint, tier).set(f.longest_wait_s)
+                if f.share is not None:
+                    m.tier_share.labels(endpoint, tier).set(f.share)
+                if f.share_floor is not None:
+                    m.tier_floor.labels(endpoint, tier).set(f.share_floor)
+            if lane.total > 0:
+                shares: dict[tuple[str, str], float] = {}
+                for (tier, org), c in lane.served.items():
+                    key = (tier, org if org in self.org_allowlist else _OTHER_ORG)
+                    shares[key] = shares.get(key, 0.0) + c / lane.total
+                for (tier, org), share in shares.items():
+                    m.org_share.labels(endpoint, tier, org).set(share)
+        for endpoint, seconds in batch_seconds.items():
+            m.batch_seconds.labels(endpoint).set(seconds)
+        return figures
