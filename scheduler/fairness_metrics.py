@@ -24,8 +24,8 @@ Metrics (``sf_scheduler_fairness_<thing>_<unit>``; labels ``endpoint`` and
 ``..._tier_share_floor_ratio{endpoint,tier}``  the share its ``min_share`` guarantees (min_share
                                                tiers only)
 ``..._served_share_ratio{endpoint,tier,org}``  an org's share of the lane's served cost
-``..._batch_seconds{endpoint}``                measured time of one batch (the unit of the
-                                               starvation alert)
+``..._batch_seconds{endpoint}``                model time of one batch, a moving average of the
+                                               workers' reports (the starvation alert's unit)
 ``..._window_seconds``                         the window every figure covers
 =============================================  =================================================
 
@@ -35,7 +35,7 @@ for ``adaptive``); the definitions are in :mod:`scheduler.fairness`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -104,6 +104,8 @@ class LiveFairness:
         self.watch = FairnessWatch(config, self.window_s)
         self.metrics = FairnessMetrics(registry)
         self.org_allowlist: frozenset[str] = frozenset()
+        #: endpoint -> moving average of a batch's model time (s), from batch_done events
+        self.batch_s: dict[str, float] = {}
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -121,13 +123,24 @@ class LiveFairness:
         self.watch.served(now, endpoint, [(e.tier, e.org, cost(e)) for e in entries],
                           backlog.held_serials(endpoint))
 
+    def batch_done(self, endpoint: str, seconds: float, alpha: float = 0.2) -> None:
+        """A worker reported a batch served in ``seconds`` of model time (any size).
+
+        The throttle's own measure (:class:`scheduler.snapshot.ServiceRate`)
+        skips batches under half the budget; a starvation alert needs a batch
+        time however full batches are, so this one keeps every report.
+        """
+        if not (seconds > 0.0) or seconds == float("inf"):
+            return
+        prev = self.batch_s.get(endpoint)
+        self.batch_s[endpoint] = seconds if prev is None else (1 - alpha) * prev + alpha * seconds
+
     def reset(self) -> None:
         """Not leading any more: forget, and export nothing."""
         self.watch.reset()
         self.metrics.clear()
 
-    def publish(self, now: float, backlog: Backlog,
-                batch_seconds: Mapping[str, float]) -> dict[str, LaneFigures]:
+    def publish(self, now: float, backlog: Backlog) -> dict[str, LaneFigures]:
         """Sync every lane, compute the figures, set the gauges; returns the figures."""
         for endpoint in list(self.watch.lanes):
             self.held(now, endpoint, backlog)
@@ -156,6 +169,6 @@ class LiveFairness:
                     shares[key] = shares.get(key, 0.0) + c / lane.total
                 for (tier, org), share in shares.items():
                     m.org_share.labels(endpoint, tier, org).set(share)
-        for endpoint, seconds in batch_seconds.items():
+        for endpoint, seconds in self.batch_s.items():
             m.batch_seconds.labels(endpoint).set(seconds)
         return figures

@@ -533,6 +533,7 @@ class SchedulerService:
         if ev.kind == "batch_done":
             if ev.timings and ev.endpoint in self.core.lanes:
                 self.core.feedback(ev.endpoint, [(t.org, t.tokens, t.seconds) for t in ev.timings])
+            self.fairness.batch_done(ev.endpoint, ev.inference_ms / 1000)
             ep = self.config.endpoints.get(ev.endpoint)
             self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000,
                                done_ms=ev.sent_ms, busy_after=bool(ev.in_flight),
@@ -726,8 +727,7 @@ class SchedulerService:
             if st.rounds > prev:
                 m.drr_rounds.labels(endpoint).inc(st.rounds - prev)
             self._rounds[endpoint] = st.rounds
-        self.fairness.publish(now, self.backlog,
-                              {ep: lane.batch_ms / 1000 for ep, lane in lanes.items()})
+        self.fairness.publish(now, self.backlog)
         state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held,
                                epoch=self.epoch)
         self._spawn(self._send_state(state))

@@ -182,7 +182,9 @@ def test_live_fairness_publishes_bounded_series_and_clears_them():
             d.backlog.remove(ENDPOINT, e.tier, e.org, e.tokens)
         live.served(now, ENDPOINT, b, d.core.lanes[ENDPOINT].cost.cost, d.backlog)
         d.clock.advance(1)
-    live.publish(d.clock.now, d.backlog, {ENDPOINT: 0.5})
+    live.batch_done(ENDPOINT, 0.5)
+    live.batch_done(ENDPOINT, 0.0)  # a broken report is ignored
+    live.publish(d.clock.now, d.backlog)
 
     def value(name, **labels):
         return registry.get_sample_value(name, labels)
