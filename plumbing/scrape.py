@@ -78,7 +78,8 @@ def static_config(targets: Mapping[str, Sequence[str]], *, scrape_interval_s: fl
                   labels: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """The same jobs with fixed targets: ``targets`` maps a compose service name to ``host:port``s.
 
-    ``labels`` adds labels per service (e.g. which of two stacks a target
+    Each target is a group of its own, labelled ``service`` plus whatever
+    ``labels`` gives for its ``host:port`` (e.g. which of two stacks it
     belongs to). Services of no job are refused: the job list is the one
     source.
     """
@@ -88,19 +89,23 @@ def static_config(targets: Mapping[str, Sequence[str]], *, scrape_interval_s: fl
         raise ValueError(f"services of no scrape job: {unknown} (jobs: {JOBS})")
     jobs = []
     for job, services in JOBS.items():
-        statics = [{"targets": list(targets[svc]),
-                    "labels": {"service": svc, **(labels or {}).get(svc, {})}}
-                   for svc in services if targets.get(svc)]
+        statics = [{"targets": [t], "labels": {"service": svc, **(labels or {}).get(t, {})}}
+                   for svc in services for t in targets.get(svc, ())]
         if statics:
             jobs.append({"job_name": job, "static_configs": statics})
     config = {
-        "global": {"scrape_interval": f"{scrape_interval_s:g}s",
-                   "scrape_timeout": f"{min(scrape_interval_s, 10.0) * 0.8:g}s",
-                   "evaluation_interval": f"{evaluation_interval_s:g}s"},
+        "global": {"scrape_interval": _duration(scrape_interval_s),
+                   "scrape_timeout": _duration(min(scrape_interval_s, 10.0) * 0.8),
+                   "evaluation_interval": _duration(evaluation_interval_s)},
         "rule_files": list(rule_files),
         "scrape_configs": jobs,
     }
     return to_yaml(config)
+
+
+def _duration(seconds: float) -> str:
+    """A Prometheus duration: whole milliseconds (it refuses "0.8s")."""
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def to_yaml(value: Any, indent: int = 0) -> str:

@@ -64,6 +64,10 @@ class AdmissionMetrics:
             "sf_admission_send_failures_total",
             "Failed writes (each attempt), by what was written.", ["kind"], registry=registry,
         )
+        # At 0 from the start: a dashboard panel of failures that never happened
+        # shows a flat 0, not "no data" (which a misspelt name also gives).
+        for kind in ("admitted", "result", "dead_letter"):
+            self.send_failures.labels(kind)
         self.results = Counter(
             "sf_admission_results_total",
             "Results written by admission and acknowledged (rejected, invalid, failed), by status.",
