@@ -64,6 +64,22 @@ class AdaptiveCost:
     def cost(self, e: Entry) -> float:
         return e.tokens * self.ratio(e.org)
 
+    def state(self) -> tuple[float | None, dict[str, float]]:
+        """What was measured: the endpoint's and each org's seconds per token (a copy)."""
+        return self.lane_spt, dict(self.org_spt)
+
+    def restore(self, lane_spt: float | None, org_spt: dict[str, float]) -> None:
+        """Continue from measurements taken elsewhere (a previous leader's :meth:`state`).
+
+        Values that are not finite and positive are dropped, as a broken
+        report would be: they must not poison the averages.
+        """
+        def ok(x) -> bool:
+            return isinstance(x, (int, float)) and 0.0 < x < float("inf")
+
+        self.lane_spt = float(lane_spt) if ok(lane_spt) else None
+        self.org_spt = {org: float(v) for org, v in org_spt.items() if ok(v)}
+
     def observe(self, samples: Iterable[tuple[str, int, float]]) -> None:
         a = self.alpha
         for org, tokens, seconds in samples:

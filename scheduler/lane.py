@@ -143,6 +143,17 @@ class _LaneBase:
     def feedback(self, samples: Iterable[tuple[str, int, float]]) -> None:
         self.cost.observe(samples)
 
+    def cost_state(self) -> tuple[float | None, dict[str, float]] | None:
+        """The adaptive cost's measurements (None for a lane that measures nothing)."""
+        return self.cost.state() if isinstance(self.cost, AdaptiveCost) else None
+
+    def restore_cost(self, lane_spt: float | None, org_spt: dict[str, float]) -> bool:
+        """Continue from another scheduler's measurements; False if this lane is not adaptive."""
+        if not isinstance(self.cost, AdaptiveCost):
+            return False
+        self.cost.restore(lane_spt, org_spt)
+        return True
+
     def keep_cost(self, previous: _LaneBase) -> None:
         """Take over ``previous``'s cost model, and what it measured, if the model is the same."""
         if previous.endpoint.cost_model == self.endpoint.cost_model:

@@ -84,10 +84,12 @@ from scheduler.core import Policy, Scheduler
 from scheduler.entry import Entry
 from scheduler.fairness_metrics import LiveFairness
 from scheduler.flow import FlowControl, LostWorker
+from scheduler.handover import CostHandover
 from scheduler.intake import TierIntake, send_result
 from scheduler.leader import LeaderElection
 from scheduler.metrics import SchedulerMetrics
 from scheduler.snapshot import Backlog, ServiceRate, lane_state
+from scheduler.state_follower import StateFollower
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, Batch, Result, SchedulerState, WorkerEvent
@@ -159,6 +161,8 @@ class SchedulerService:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SchedulerMetrics(self.registry, config)
         self.fairness = LiveFairness(self.registry, config)
+        self.handover = CostHandover()
+        self._state_follower: StateFollower | None = None
         self.core = Scheduler(config, self.settings.policy)
         self.flow = FlowControl(config.service.worker_timeout_ms,
                                 mode=config.service.flow_control,
@@ -230,6 +234,8 @@ class SchedulerService:
                                    lambda: self.topics.all(self.config), service="scheduler",
                                    on_lost=self._broker_lost, follow=self._followed)
         self._keeper.known(created)
+        self._state_follower = await StateFollower(self.kafka, self.topics.scheduler_state,
+                                                   self.handover.offer).start()
         await self._seek_recent_events()
         await self.election.start()
         self._keeper.start()
@@ -287,6 +293,8 @@ class SchedulerService:
         handed_back = await self._stop_intake()
         if self.election is not None:
             await self.election.stop()  # after the intake: the next leader replays from its commit
+        if self._state_follower is not None:
+            await self._state_follower.stop()
         if self._broker is not None:
             await self._broker.stop()
         if self._keeper is not None:
@@ -348,6 +356,9 @@ class SchedulerService:
         """Newly leader: take over the workers' slots, join the tier group, dispatch."""
         self.epoch = epoch
         self.flow.takeover(time.time() * 1000)
+        if (took := self.handover.take_over(self.core, epoch)) is not None:
+            log.info("costs_taken_over", from_epoch=took.from_epoch, lanes=list(took.lanes),
+                     snapshot_ms=took.snapshot_ms, replayed_reports=took.replayed)
         await self.intake.start(self.kafka, self._producer)
         self._intake_task = asyncio.create_task(self.intake.run(), name="scheduler-tiers")
         self._intake_task.add_done_callback(self._intake_done)
@@ -533,6 +544,7 @@ class SchedulerService:
         if ev.kind == "batch_done":
             if ev.timings and ev.endpoint in self.core.lanes:
                 self.core.feedback(ev.endpoint, [(t.org, t.tokens, t.seconds) for t in ev.timings])
+                self.handover.seen(ev)
             self.fairness.batch_done(ev.endpoint, ev.inference_ms / 1000)
             ep = self.config.endpoints.get(ev.endpoint)
             self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000,
@@ -729,7 +741,7 @@ class SchedulerService:
             self._rounds[endpoint] = st.rounds
         self.fairness.publish(now, self.backlog)
         state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held,
-                               epoch=self.epoch)
+                               epoch=self.epoch, costs=self.handover.export(self.core))
         self._spawn(self._send_state(state))
 
     def _flow_metrics(self, endpoint: str, workers) -> None:

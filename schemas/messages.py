@@ -25,8 +25,10 @@ __all__ = [
     "AdmittedRequest",
     "Batch",
     "BatchTiming",
+    "CostState",
     "DeadLetter",
     "EmbedInput",
+    "FeedbackMark",
     "Input",
     "Int64",
     "LaneState",
@@ -269,13 +271,38 @@ class LaneState(Message, kw_only=True):
     batch_ms: float = 0.0
 
 
+class FeedbackMark(Message, kw_only=True):
+    """The last ``batch_done`` of one worker whose timings a cost state includes."""
+
+    sent_ms: Int64
+    batch_id: str | None = None
+
+
+class CostState(Message, kw_only=True):
+    """An adaptive lane's measured costs, for a standby to take over (see ``scheduler.handover``).
+
+    Seconds per token, moving averages: the endpoint's and each org's;
+    ``marks`` names, per worker, the last report folded in, so the next
+    leader replays only the reports that came after.
+    """
+
+    lane_spt: float | None = None
+    org_spt: dict[str, float] = {}
+    marks: dict[str, FeedbackMark] = {}
+
+
 class SchedulerState(Message, kw_only=True):
-    """Backlog snapshot the scheduler publishes for admission's throttle."""
+    """Backlog snapshot the scheduler publishes for admission's throttle.
+
+    ``costs`` (adaptive lanes only) is for the standby schedulers: a new
+    leader charges the same costs as the one it replaces.
+    """
 
     sent_ms: EpochMs
     lanes: dict[str, LaneState]
     held_requests: Int64
     epoch: Int64 = 0
+    costs: dict[str, CostState] = {}
 
 
 class LeaderClaim(Message, kw_only=True):
