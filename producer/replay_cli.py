@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--embedded", action="store_true",
                         help="run admission, scheduler and workers in this process (the "
                              "default when no --bootstrap is given)")
+    parser.add_argument("--processes", action="store_true",
+                        help="run admission, scheduler and workers as processes of their own, "
+                             "as deployed (each worker on CPUs of its own where there are "
+                             "enough, as the demo does); logs to services.log in --report")
     parser.add_argument("--model", default=None,
                         help="in-process pipeline: model spec of the workers and admission's "
                              "token counts (fake, fake:ms_per_token=0.28, wheel:...); default: "
@@ -80,7 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="count and make up texts with this model spec (default: --model, "
                              "else each endpoint's model, as admission does)")
     parser.add_argument("--compare-simulate", action="store_true",
-                        help="also simulate the same traffic and write compare.md")
+                        help="also simulate the same traffic, with the pipeline's model fitted "
+                             "to this replay (scheduler/calibrate.py), and write compare.md")
+    parser.add_argument("--sim-uncalibrated", action="store_true",
+                        help="simulation: no fitted pipeline, only a batch time per token "
+                             "(as before calibration; also when --sim-overhead-ms or "
+                             "--sim-ms-per-token is given)")
     parser.add_argument("--sim-overhead-ms", type=float, default=None,
                         help="simulation: fixed time per batch (default: the fake model's "
                              "ms_per_batch, else fitted to the replay's batches)")
@@ -127,7 +136,7 @@ async def replay_command(args: argparse.Namespace) -> int:
     if args.from_topic and kafka.bootstrap is None:
         return _fail("--from-topic reads a cluster: give --bootstrap (an embedded broker "
                      "starts empty)")
-    args.in_process = args.embedded or kafka.bootstrap is None
+    args.in_process = not args.processes and (args.embedded or kafka.bootstrap is None)
     try:
         return await _main(args, config, kafka, since, until)
     except (ReplayError, TraceError, OSError, TimeoutError) as e:
@@ -202,7 +211,9 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
         items, source, margin = await _load_items(args, config, kafka, since, until)
         settings = ReplaySettings(speed=args.speed, to_topic=args.to_topic,
                                   timeout_s=args.timeout_s, progress=not args.no_progress)
-        if not args.in_process:
+        if args.processes:
+            result = await _replay_in_processes(args, config, kafka, items, settings)
+        elif not args.in_process:
             result = await replay(kafka, config, items, settings)
         else:
             endpoints = sorted({it.request.endpoint for it in items} & set(config.endpoints))
@@ -215,6 +226,47 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
                              token_counter=args.token_counter):
                 result = await replay(kafka, config, items, settings)
     return _finish(args, config, items, result, source, margin)
+
+
+async def _replay_in_processes(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
+                               items: Sequence[ReplayItem], settings: ReplaySettings) -> ReplayRun:
+    """The replay against admission, scheduler and workers started as processes of their own."""
+    import contextlib
+    import os
+
+    from plumbing.demo import plan_cpus
+    from plumbing.processes import ProcessStack
+
+    endpoints = sorted({it.request.endpoint for it in items} & set(config.endpoints))
+    plan = plan_cpus(endpoints, 1)
+    cpus = None
+    if plan is not None:
+        cpus, rest = plan
+        os.sched_setaffinity(0, rest)  # the sender stays off the workers' CPUs
+    log_path = Path(args.report) / "services.log" if args.report else None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    pinned = ", ".join(f"{n} on CPUs {sorted(c)}" for n, c in (cpus or {}).items()) or "none"
+    print(f"starting the pipeline as processes ({args.workers} worker(s) per endpoint, model "
+          f"{args.model or 'of each endpoint'}, policy {args.policy}; pinned: {pinned})...",
+          file=sys.stderr)
+    with contextlib.ExitStack() as files:
+        log = files.enter_context(log_path.open("w")) if log_path is not None else None
+        async with ProcessStack(args.config, kafka.bootstrap, policy=args.policy,
+                                endpoints=endpoints, model=args.model, workers=args.workers,
+                                worker_threads=1 if cpus else None, log=log, cpus=cpus):
+            return await replay(kafka, config, items, settings)
+
+
+def _write_results(path: Path, results) -> None:
+    """Every result received, without vectors and scores: what ``simulate --calibrate`` reads."""
+    enc = msgspec.json.Encoder()
+    with path.open("wb") as f:
+        for got in results:
+            if got is None:
+                continue
+            r = msgspec.structs.replace(got[0], embeddings=None, scores=None, ranking=None)
+            f.write(enc.encode(r) + b"\n")
 
 
 def _sim_service(args: argparse.Namespace, fit: dict[str, float] | None
@@ -248,7 +300,8 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
     jain_index, groups = live_jain(result.outcomes, config)
     meta = {"label": "replay", "source": source, "config": Path(args.config).name,
             "speed": args.speed, "model": args.model or "each endpoint's",
-            "pipeline": "in-process" if args.in_process else "external",
+            "pipeline": ("processes" if args.processes else
+                         "in-process" if args.in_process else "external"),
             "intended_rate_rps": st["intended_rate_rps"], "achieved_rate_rps":
             st["achieved_rate_rps"], "send_lag_ms": st["send_lag_ms"]}
     if margin is not None:
@@ -273,24 +326,43 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
     compare_text = None
     sim_summary = None
     if args.compare_simulate:
+        from scheduler.calibrate import (
+            CalibratedPipeline,
+            fit,
+            format_fit,
+            observations_from_results,
+        )
         from scheduler.simulate import PipelineAdmission, ServiceModel, SimSettings, simulate
 
         overhead, per_token, how = _sim_service(args, st.get("model_fit"))
+        pipeline, fitted = None, ""
+        if not (args.sim_uncalibrated or how == "given"):
+            calibration = fit(observations_from_results(r for r, _ in filter(None, result.results or [])),
+                              source="this replay's results")
+            fitted = format_fit(calibration)
+            print(f"\n## the pipeline's model, fitted\n\n{fitted}")
+            pipeline = CalibratedPipeline(calibration, config,
+                                          ServiceModel(overhead, per_token), args.policy)
+            how = "calibrated: fitted to this replay's results"
         admission = None if args.sim_no_admission else PipelineAdmission(config)
         sim = simulate(config, to_trace(items, args.speed),
                        SimSettings(policy=args.policy, workers=args.workers,
                                    slots=config.service.worker_slots,
                                    service=ServiceModel(overhead, per_token),
-                                   admission=admission))
+                                   admission=admission, pipeline=pipeline))
         sim.meta.update(label="simulate", source=source, service_model=how)
         sim_summary = sim.summary()
         compare_text = compare(summary, sim_summary, labels=("replay", "simulate"))
+        model = (how if pipeline is not None
+                 else f"{overhead:g} ms + {per_token:g} ms/token per batch ({how})")
         compare_text = (
-            f"Simulation: {overhead:g} ms + {per_token:g} ms/token per batch ({how}), "
+            f"Simulation: {model}, "
             f"{args.workers} worker(s) x {config.service.worker_slots} slot(s) per endpoint, "
             f"policy {args.policy}, admission {'off' if admission is None else 'on'}.\n\n"
+            + (f"```\n{fitted}\n```\n\n" if fitted else "")
             + compare_text + "\n\np50 ms per stage (admission: sent -> admitted; scheduler: "
-            "admitted -> in a batch; batch: -> done; the simulator admits instantly)\n\n"
+            "admitted -> in a batch; batch: -> done; uncalibrated, the simulator admits "
+            "instantly)\n\n"
             + stage_table({"replay": result.outcomes, "simulate": sim.outcomes}))
         print(f"\n## replay vs simulate\n\n{compare_text}")
     if args.report:
@@ -301,6 +373,7 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
             for wire, (orig, origin) in result.id_map.items():
                 f.write(json.dumps({"id": wire, "original_id": orig, "origin": origin}) + "\n")
         (out / "replay.json").write_text(json.dumps(st, indent=2) + "\n")
+        _write_results(out / "results.jsonl", result.results or [])
         write_trace(out / "trace.jsonl", to_trace(items, args.speed))
         if compare_text is not None:
             write_report(out / "simulate", sim.outcomes, sim.samples,

@@ -121,6 +121,26 @@ class ServiceModel:
         return [(overhead_ms + self.ms_per_token * t) / 1000.0 for t in tokens]
 
 
+class Pipeline(Protocol):
+    """The live pipeline around the scheduler, fitted to a run (:mod:`scheduler.calibrate`).
+
+    Without one, admission is instant, a freed slot is refilled at once and a
+    batch takes :class:`ServiceModel` time, every request done with its batch.
+    """
+
+    def enter_times(self, records: Sequence[TraceRecord]) -> list[float]:
+        """When each record (in trace order) reaches the scheduler."""
+
+    def delivery_s(self, endpoint: str) -> float:
+        """From a batch chosen until its worker may start it."""
+
+    def feedback_s(self, endpoint: str) -> float:
+        """From a batch done until the scheduler sees its slot free."""
+
+    def serve(self, endpoint: str, entries: Sequence[Entry]) -> tuple[float, list[float]]:
+        """(seconds the batch holds its worker, seconds from its start to each entry's result)."""
+
+
 class Admission(Protocol):
     """Admission control plugged into the simulator (rate limits, overload, throttle)."""
 
@@ -144,6 +164,7 @@ class SimSettings:
     #: Queue depth is sampled at most this often (virtual seconds).
     sample_interval_s: float = 0.1
     admission: Admission | None = None
+    pipeline: Pipeline | None = None
 
 
 @dataclass
@@ -236,6 +257,11 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     n_batches = 0
     state_every = config.service.state_interval_ms / 1000.0
     next_state = 0.0
+    pipe = s.pipeline
+    # When each record reaches the scheduler, and the order they do.
+    enter = pipe.enter_times(records) if pipe is not None else [r.ts for r in records]
+    arrivals = sorted(range(len(records)), key=lambda k: (enter[k], k))
+    entered: dict[str, float] = {}
 
     def weight(org: str) -> float:
         o = config.orgs.get(org)
@@ -254,7 +280,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
             unhold(ep, e)
             outcomes.append(Outcome(id=e.id, org=e.org, tier=e.tier, endpoint=ep,
                                     status="expired", reason="deadline_passed", tokens=e.tokens,
-                                    arrival_s=e.arrival, admitted_s=e.arrival, completed_s=now))
+                                    arrival_s=e.arrival, admitted_s=entered.get(e.id, e.arrival),
+                                    completed_s=now))
 
     def snapshot(now: float) -> SchedulerState:
         lanes = {}
@@ -348,24 +375,32 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                     charged.append((e, c))
                     served[(e.tier, e.org)] = served.get((e.tier, e.org), 0.0) + c
                 account(ep, served)
-                start = max(now, w.free_at)
-                w.free_at = start + s.service.batch_s(tokens)
+                if pipe is None:
+                    start = max(now, w.free_at)
+                    took, offsets, back_s = s.service.batch_s(tokens), None, 0.0
+                else:
+                    start = max(now + pipe.delivery_s(ep), w.free_at)
+                    (took, offsets), back_s = pipe.serve(ep, d.batch), pipe.feedback_s(ep)
+                w.free_at = start + took
                 w.in_hand += 1
                 seq += 1
-                heapq.heappush(done, (w.free_at, seq, w, ep, bid, charged, now))
+                heapq.heappush(done, (w.free_at + back_s, seq, w, ep, bid, charged, now,
+                                      (start, took, offsets)))
 
     def complete(t: float, w: _Worker, ep: str, bid: str, batch: list[tuple[Entry, float]],
-                 dispatched: float) -> None:
+                 dispatched: float, served_at: tuple) -> None:
         w.in_hand -= 1
         budget = config.endpoints[ep].max_batch_tokens
         tokens = sum(e.tokens for e, _ in batch)
-        took = s.service.batch_s(tokens)
+        start, took, offsets = served_at
         rate = tokens / took
-        w.tokens_per_s = rate if not w.tokens_per_s else 0.8 * w.tokens_per_s + 0.2 * rate
-        for e, c in batch:
+        if tokens >= budget // 2:  # as the live ServiceRate: small batches are mostly overhead
+            w.tokens_per_s = rate if not w.tokens_per_s else 0.8 * w.tokens_per_s + 0.2 * rate
+        for k, (e, c) in enumerate(batch):
             outcomes.append(Outcome(id=e.id, org=e.org, tier=e.tier, endpoint=ep, status="ok",
                                     tokens=e.tokens, cost=c, arrival_s=e.arrival,
-                                    admitted_s=e.arrival, dispatched_s=dispatched, completed_s=t,
+                                    admitted_s=entered.get(e.id, e.arrival), dispatched_s=dispatched,
+                                    completed_s=t if offsets is None else start + offsets[k],
                                     batch_id=bid, batch_tokens=tokens, batch_budget=budget))
         shares = s.service.shares_s([e.tokens for e, _ in batch])
         sched.feedback(ep, [(e.org, e.tokens, t) for (e, _), t in zip(batch, shares, strict=True)])
@@ -386,7 +421,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     inf = float("inf")
     now = 0.0
     while True:
-        t_arrival = records[i].ts if i < n else inf
+        t_arrival = enter[arrivals[i]] if i < n else inf
         t_done = done[0][0] if done else inf
         t_deadline = sched.next_deadline()
         t = min(t_arrival, t_done, inf if t_deadline is None else t_deadline)
@@ -394,10 +429,11 @@ def simulate(config: Config, records: Sequence[TraceRecord],
             break
         now = t
         while done and done[0][0] <= now:
-            t_end, _, w, ep, bid, batch, dispatched = heapq.heappop(done)
-            complete(t_end, w, ep, bid, batch, dispatched)
-        while i < n and records[i].ts <= now:
-            arrive(records[i])
+            t_end, _, w, ep, bid, batch, dispatched, served_at = heapq.heappop(done)
+            complete(t_end, w, ep, bid, batch, dispatched, served_at)
+        while i < n and enter[arrivals[i]] <= now:
+            entered[records[arrivals[i]].id] = now
+            arrive(records[arrivals[i]])
             i += 1
         for e in sched.expire(now):
             expired(e.payload.endpoint, [e], now)
@@ -468,7 +504,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-policy", action="store_true",
                         help="also run the other policy and print both side by side")
     parser.add_argument("--workers", type=int, default=1, help="workers per endpoint")
-    parser.add_argument("--slots", type=int, default=1, help="batches a worker may hold")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="batches a worker may hold (default 1; with --calibrate the "
+                             "configuration's worker_slots)")
     parser.add_argument("--overhead-ms", type=float, default=5.0,
                         help="fixed time per batch (default 5 ms)")
     parser.add_argument("--ms-per-token", type=float, default=0.28,
@@ -481,6 +519,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "measured alone")
     parser.add_argument("--json", metavar="OUT", help="write the summary as JSON")
     parser.add_argument("--report", metavar="DIR", help="write the full report (tables, plots)")
+    cal = parser.add_argument_group("calibration (scheduler/calibrate.py)")
+    cal.add_argument("--calibrate", metavar="SOURCE",
+                     help="fit the workers' batch times and the pipeline's delays to a live "
+                          "run and simulate with them: a replay report folder, or topic:NAME "
+                          "(results on a topic, with --bootstrap); --slots then defaults to "
+                          "the configuration's worker_slots")
+    cal.add_argument("--microbatch-size", type=int, default=32,
+                     help="texts per micro-batch of the live workers (their --microbatch-size)")
+    cal.add_argument("--microbatch-tokens", type=int, default=4096,
+                     help="padded tokens per micro-batch of the live workers")
+    from plumbing.kafka import add_kafka_arguments  # for --calibrate topic:NAME
+
+    add_kafka_arguments(parser)
+
+
+def _calibration(args: argparse.Namespace):
+    """The fit of ``--calibrate`` (None without it); prints the fitted parameters."""
+    if not args.calibrate:
+        return None
+    from plumbing.kafka import settings_from_args
+    from scheduler.calibrate import calibrate, format_fit
+
+    cal = calibrate(args.calibrate, kafka=settings_from_args(args),
+                    microbatch_size=args.microbatch_size,
+                    microbatch_tokens=args.microbatch_tokens)
+    print(format_fit(cal))
+    return cal
 
 
 def run(args: argparse.Namespace) -> int:
@@ -491,6 +556,13 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, TraceError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        calibration = _calibration(args)
+    except (OSError, ValueError) as e:
+        print(f"error: --calibrate: {e}", file=sys.stderr)
+        return 2
+    if args.slots is None:
+        args.slots = config.service.worker_slots if calibration is not None else 1
     if args.workers < 1 or args.slots < 1:
         print("error: --workers and --slots must be at least 1", file=sys.stderr)
         return 2
@@ -498,18 +570,27 @@ def run(args: argparse.Namespace) -> int:
                                 if args.compare_policy else [])
     summaries: dict[str, dict[str, Any]] = {}
     for policy in policies:
+        service = ServiceModel(args.overhead_ms, args.ms_per_token)
+        pipeline = None
+        if calibration is not None:
+            from scheduler.calibrate import CalibratedPipeline
+
+            pipeline = CalibratedPipeline(calibration, config, service, policy)
         settings = SimSettings(policy=policy, workers=args.workers, slots=args.slots,
-                               service=ServiceModel(args.overhead_ms, args.ms_per_token),
-                               sample_interval_s=args.sample_ms / 1000.0,
-                               admission=PipelineAdmission(config) if args.admission else None)
+                               service=service, sample_interval_s=args.sample_ms / 1000.0,
+                               admission=PipelineAdmission(config) if args.admission else None,
+                               pipeline=pipeline)
         result = simulate(config, records, settings)
         result.meta.update(trace=Path(args.trace).name, config=Path(args.config).name)
+        if calibration is not None:
+            result.meta["calibration"] = calibration.to_json()
         summary = result.summary()
         summaries[policy] = summary
         fb = ", ".join(f"{ep} {ms:g} ms" for ep, ms in result.meta["full_batch_ms"].items())
+        model = ("the calibrated model" if calibration is not None else
+                 f"{args.overhead_ms:g} ms + {args.ms_per_token:g} ms/token (full batch: {fb})")
         print(f"\n## {policy}: {len(records)} requests, {args.workers} worker(s) x {args.slots} "
-              f"slot(s) per endpoint, batch = {args.overhead_ms:g} ms + {args.ms_per_token:g} "
-              f"ms/token (full batch: {fb})\n")
+              f"slot(s) per endpoint, batch = {model}\n")
         print(format_table(summary))
         if args.report:
             out = Path(args.report) / policy if args.compare_policy else Path(args.report)

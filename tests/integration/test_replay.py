@@ -199,6 +199,8 @@ async def test_trace_replay_through_the_live_pipeline_reports_every_request(
     assert summary["meta"]["token_margin"]["max_abs_diff"] == 0
     compare = (report / "compare.md").read_text()
     assert "quiet-1" in compare and "p99 ms simulate" in compare
+    assert "calibrated: fitted to this replay's results" in compare and "feedback ms" in compare
+    assert sum(1 for _ in (report / "results.jsonl").open()) == len(records)
     assert (report / "simulate" / "report.json").exists()
     assert sum(1 for _ in (report / "trace.jsonl").open()) == len(records)
     assert sum(1 for _ in (report / "id_map.jsonl").open()) == len(records)

@@ -1,0 +1,601 @@
+"""Fit the simulator's model of the pipeline to what a live run recorded.
+
+``serving-fairness simulate --calibrate SOURCE`` reads the results of a live
+run, fits, per endpoint, how long the workers take and the fixed delays
+around the scheduler, prints the fitted parameters with their error, and
+simulates with them (a :class:`CalibratedPipeline` plugged into
+:func:`scheduler.simulate.simulate`). ``SOURCE`` is a replay report folder
+(its ``results.jsonl``; ``outcomes.jsonl`` where an older report has none) or
+``topic:NAME``, results read from a topic of a running deployment.
+
+What a result tells (:class:`~schemas.messages.Result`): the send time
+(``created_ms``), when admission let it in (``admitted_ms``), when its batch
+left the scheduler (``dispatched_ms``), when its micro-batch was done
+(``completed_ms``: workers publish each micro-batch as soon as it is done),
+its share of the model time (``inference_ms``), its batch and worker.
+
+The model, per endpoint
+-----------------------
+
+* **Worker.** A batch runs in micro-batches, cut as the worker cuts them
+  (:func:`worker.microbatch.plan_microbatches`, in the scheduler's run order,
+  :func:`scheduler.batch_order.run_order`). Micro-batch j takes
+  ``micro_overhead_ms + ms_per_padded_token x padded_j`` (padded: its texts
+  times its longest one); the batch as a whole adds ``batch_overhead_ms``
+  before its first micro-batch (decode, the previous batch's commit and
+  report). A request is done when its micro-batch is.
+* **Delays** (fixed): *admission*, from the send until the scheduler may
+  hold the request, plus admission's rate for requests that queue behind
+  their own org's earlier ones (an org's requests share an ingress
+  partition, decided in order); *delivery*, from the scheduler choosing a
+  batch until its worker may start it; *feedback*, from a batch done until
+  the scheduler sees its slot free.
+
+How each is fitted
+------------------
+
+Batches are followed per worker in the order they finished. A batch is
+*busy* when it was dispatched before the worker finished the previous one
+(it waited in the worker), so it started the moment the previous one
+ended: its micro-batches' durations (end minus the previous end) are fitted
+against padded tokens by least squares (micro overhead, ms per padded
+token: the mean, slow batches included), and the time from the previous batch's end to its first micro-batch,
+less that micro-batch's fitted time, gives the batch overhead (median).
+A batch dispatched to an idle worker (not its first, which pays the warm-up)
+gives delivery: its first micro-batch's end less the dispatch, the batch
+overhead and the micro-batch's time; without one, delivery is taken to be
+the feedback hop (both are one Kafka hop). A batch dispatched while the
+scheduler held work gives feedback: its dispatch less the latest end on its
+worker before it. Admission: an org that sent faster than it was admitted
+queued behind itself, and the largest such org gives admission's rate; the
+median send-to-admitted time of every other org's requests is the fixed
+delay.
+Each figure is printed with how many samples it rests on and their median
+absolute deviation; the worker model also with the median error of the
+busy batches' durations it predicts.
+
+Limits: per-text lengths are not in a result (each text of a request counts
+as tokens / texts); without ``inference_ms`` or busy batches a part falls
+back to the simulator's defaults, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from scheduler.batch_order import run_order
+from scheduler.entry import Entry
+from schemas.config import Config
+from schemas.messages import Result
+from worker.microbatch import plan_microbatches
+
+__all__ = [
+    "CalibratedPipeline",
+    "Calibration",
+    "EndpointFit",
+    "Observation",
+    "calibrate",
+    "fit",
+    "format_fit",
+    "observations_from_report",
+    "observations_from_results",
+    "read_results_topic",
+]
+
+#: The worker's defaults (``serving-fairness worker --microbatch-size/--microbatch-tokens``).
+MICROBATCH_SIZE = 32
+MICROBATCH_TOKENS = 4096
+
+
+class Observation(msgspec.Struct, kw_only=True, frozen=True):
+    """One ok request as a live run recorded it; times in epoch ms."""
+
+    org: str
+    endpoint: str
+    tokens: int
+    texts: int = 1
+    sent_ms: float
+    admitted_ms: float
+    dispatched_ms: float
+    completed_ms: float
+    batch_id: str
+    worker: str = ""
+    inference_ms: float | None = None
+
+
+def observations_from_results(results: Iterable[Result]) -> list[Observation]:
+    """The ok results that carry every time stamp, as observations."""
+    out = []
+    for r in results:
+        if (r.status != "ok" or not r.batch_id or r.tokens is None or r.created_ms is None
+                or r.admitted_ms is None or r.dispatched_ms is None or r.completed_ms is None):
+            continue
+        out.append(Observation(
+            org=r.org, endpoint=r.endpoint, tokens=r.tokens,
+            texts=len(r.truncated) if r.truncated else 1, sent_ms=r.created_ms,
+            admitted_ms=r.admitted_ms, dispatched_ms=r.dispatched_ms,
+            completed_ms=r.completed_ms, batch_id=r.batch_id, worker=r.worker or "",
+            inference_ms=r.inference_ms))
+    return out
+
+
+def observations_from_report(folder: str | Path) -> list[Observation]:
+    """A replay report: ``results.jsonl`` (one Result per line), else ``outcomes.jsonl``.
+
+    Outcomes carry no model time and no worker (one worker per endpoint is
+    assumed) and their times are relative: fine for a fit, which uses
+    differences only.
+    """
+    folder = Path(folder)
+    results = folder / "results.jsonl"
+    if results.is_file():
+        dec = msgspec.json.Decoder(Result)
+        with results.open("rb") as f:
+            return observations_from_results(dec.decode(line) for line in f if line.strip())
+    outcomes = folder / "outcomes.jsonl"
+    if not outcomes.is_file():
+        raise FileNotFoundError(f"{folder}: neither results.jsonl nor outcomes.jsonl")
+    out = []
+    with outcomes.open() as f:
+        for line in f:
+            o = json.loads(line)
+            if o.get("status") != "ok" or None in (o.get("admitted_s"), o.get("dispatched_s"),
+                                                   o.get("completed_s"), o.get("batch_id")):
+                continue
+            out.append(Observation(
+                org=o["org"], endpoint=o.get("endpoint", ""), tokens=o.get("tokens", 0),
+                sent_ms=o["arrival_s"] * 1000, admitted_ms=o["admitted_s"] * 1000,
+                dispatched_ms=o["dispatched_s"] * 1000, completed_ms=o["completed_s"] * 1000,
+                batch_id=o["batch_id"]))
+    return out
+
+
+async def read_results_topic(kafka, topic: str, *, since_ms: int | None = None,
+                             until_ms: int | None = None) -> list[Result]:
+    """The results a topic holds, up to each partition's high watermark at the first fetch.
+
+    ``since_ms``/``until_ms`` keep the results whose ``completed_ms`` falls within.
+    """
+    from aiokafka.structs import TopicPartition
+
+    from plumbing.kafka import make_consumer, stop_consumer
+    from schemas.codec import DecodeError, codec_for
+
+    codec = codec_for(Result)
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    try:
+        if topic not in await consumer.topics():
+            raise ValueError(f"topic {topic!r} not found")
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends: dict[TopicPartition, int] = {}
+        out: list[Result] = []
+        idle = 0
+        while idle < 4:  # four empty fetches in a row (2 s): nothing more to read
+            batches = await consumer.getmany(timeout_ms=500)
+            idle = 0 if batches else idle + 1
+            for tp, records in batches.items():
+                ends.setdefault(tp, consumer.highwater(tp) or 0)
+                for rec in records:
+                    if rec.offset >= ends[tp]:
+                        continue
+                    try:
+                        r = codec.decode_record(rec.value, rec.headers)
+                    except DecodeError:
+                        continue
+                    c = r.completed_ms
+                    if c is not None and ((since_ms is not None and c < since_ms)
+                                          or (until_ms is not None and c > until_ms)):
+                        continue
+                    out.append(r)
+            if len(ends) == len(tps):
+                positions = [await consumer.position(tp) for tp in tps]
+                if all(pos >= ends[tp] for pos, tp in zip(positions, tps, strict=True)):
+                    break
+        return out
+    finally:
+        await stop_consumer(consumer)
+
+
+def calibrate(source: str, *, kafka=None, microbatch_size: int = MICROBATCH_SIZE,
+              microbatch_tokens: int = MICROBATCH_TOKENS) -> Calibration:
+    """Read ``source`` (a report folder, or ``topic:NAME`` with ``kafka`` settings) and fit."""
+    if source.startswith("topic:"):
+        import asyncio
+
+        topic = source.removeprefix("topic:")
+        if kafka is None or kafka.bootstrap is None:
+            raise ValueError(f"{source}: reading a topic needs --bootstrap")
+        obs = observations_from_results(asyncio.run(read_results_topic(kafka, topic)))
+    else:
+        obs = observations_from_report(source)
+    if not obs:
+        raise ValueError(f"{source}: no ok result with its time stamps to fit")
+    return fit(obs, microbatch_size=microbatch_size, microbatch_tokens=microbatch_tokens,
+               source=source)
+
+
+# -- the fit -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A fitted value, the samples it rests on, and their median absolute deviation."""
+
+    value: float
+    samples: int
+    mad: float = 0.0
+    note: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.value:,.3f}" if abs(self.value) < 10 else f"{self.value:,.1f}"
+        if self.samples:
+            text += f" (n={self.samples}, MAD {self.mad:,.2f})"
+        if self.note:
+            text += f" [{self.note}]"
+        return text
+
+
+@dataclass(frozen=True)
+class EndpointFit:
+    """The fitted model of one endpoint."""
+
+    endpoint: str
+    batches: int
+    busy_batches: int
+    batch_overhead_ms: Figure
+    micro_overhead_ms: Figure
+    ms_per_padded_token: Figure
+    admission_ms: Figure
+    admission_rate_rps: Figure
+    delivery_ms: Figure
+    feedback_ms: Figure
+    #: Busy batches: mean predicted and measured duration, and the median absolute error (ms).
+    batch_predicted_ms: float
+    batch_measured_ms: float
+    batch_error_ms: float
+    microbatch_size: int
+    microbatch_tokens: int
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"endpoint": self.endpoint, "batches": self.batches,
+                               "busy_batches": self.busy_batches,
+                               "batch_predicted_ms": round(self.batch_predicted_ms, 3),
+                               "batch_measured_ms": round(self.batch_measured_ms, 3),
+                               "batch_error_ms": round(self.batch_error_ms, 3),
+                               "microbatch_size": self.microbatch_size,
+                               "microbatch_tokens": self.microbatch_tokens}
+        for name in ("batch_overhead_ms", "micro_overhead_ms", "ms_per_padded_token",
+                     "admission_ms", "admission_rate_rps", "delivery_ms", "feedback_ms"):
+            f: Figure = getattr(self, name)
+            out[name] = {"value": round(f.value, 6), "samples": f.samples,
+                         "mad": round(f.mad, 6), **({"note": f.note} if f.note else {})}
+        return out
+
+
+@dataclass(frozen=True)
+class Calibration:
+    endpoints: dict[str, EndpointFit]
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source,
+                "endpoints": {k: v.to_json() for k, v in self.endpoints.items()}}
+
+
+def _median(xs: Sequence[float]) -> tuple[float, float]:
+    if not xs:
+        return 0.0, 0.0
+    m = statistics.median(xs)
+    return m, statistics.median(abs(x - m) for x in xs)
+
+
+def _mean_figure(xs: Sequence[float]) -> Figure:
+    """The mean of ``xs`` (>= 0), with the median absolute deviation as its spread."""
+    if not xs:
+        return Figure(0.0, 0, 0.0, "no samples: 0")
+    m = statistics.fmean(xs)
+    note = ""
+    if m < 0:
+        m, note = 0.0, "clamped"
+    return Figure(m, len(xs), _median(xs)[1], note)
+
+
+def _figure(xs: Sequence[float], *, floor: float | None = 0.0, note: str = "") -> Figure:
+    if not xs:
+        return Figure(0.0, 0, 0.0, note or "no samples: 0")
+    m, mad = _median(xs)
+    if floor is not None and m < floor:
+        m, note = floor, note or "clamped"
+    return Figure(m, len(xs), mad, note)
+
+
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Intercept and slope of y ~ a + b x by least squares: the mean behaviour.
+
+    Least squares and not a median: a live run's slow batches (a neighbour on
+    the CPU, a broker stall) are part of what the pipeline does, and the mean
+    batch time is what sets its throughput and how long a request waits for
+    the batch ahead of it. If every x is the same (one micro-batch shape) the
+    two cannot be told apart and all the time is charged per token; a
+    negative intercept is refitted through the origin.
+    """
+    if not points:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
+    a = my - b * mx
+    if sxx <= 0 or a < 0 or b <= 0:
+        sx2 = sum(x * x for x, _ in points)
+        b, a = (sum(x * y for x, y in points) / sx2 if sx2 else 0.0), 0.0
+    return a, b
+
+
+@dataclass
+class _Batch:
+    id: str
+    worker: str
+    dispatched: float
+    #: per micro-batch: (end ms, padded tokens, model ms or None, observations)
+    micro: list[tuple[float, int, float | None, list[Observation]]] = field(default_factory=list)
+
+    @property
+    def first_end(self) -> float:
+        return self.micro[0][0]
+
+    @property
+    def end(self) -> float:
+        return self.micro[-1][0]
+
+
+def _lengths(obs: Observation) -> list[int]:
+    n = max(1, obs.texts)
+    each = max(1, round(obs.tokens / n))
+    return [each] * n
+
+
+def _batches(obs: Sequence[Observation], size: int, budget: int) -> list[_Batch]:
+    by_id: dict[str, list[Observation]] = {}
+    for o in obs:
+        by_id.setdefault(o.batch_id, []).append(o)
+    out = []
+    for bid, members in by_id.items():
+        members.sort(key=lambda o: o.completed_ms)
+        lengths: list[int] = []
+        owner: list[int] = []
+        for i, o in enumerate(members):
+            for length in _lengths(o):
+                lengths.append(length)
+                owner.append(i)
+        plan = plan_microbatches(lengths, max_padded_tokens=budget, max_size=size, order="given")
+        # The planner sorts within windows; results came back in completion order, so
+        # micro-batch j is the next len(plan[j]) texts in that order.
+        b = _Batch(bid, members[0].worker, min(o.dispatched_ms for o in members))
+        pos = 0
+        for group in plan:
+            texts = range(pos, pos + len(group))
+            pos += len(group)
+            mine = sorted({owner[t] for t in texts})
+            in_micro = [members[i] for i in mine]
+            padded = len(group) * max(lengths[t] for t in texts)
+            model = None
+            if all(o.inference_ms is not None for o in in_micro):
+                model = sum(o.inference_ms for o in in_micro)
+            b.micro.append((max(o.completed_ms for o in in_micro), padded, model, in_micro))
+        out.append(b)
+    return out
+
+
+def fit(observations: Sequence[Observation], *, microbatch_size: int = MICROBATCH_SIZE,
+        microbatch_tokens: int = MICROBATCH_TOKENS, source: str = "") -> Calibration:
+    """Fit every endpoint the observations cover (see the module docstring)."""
+    by_ep: dict[str, list[Observation]] = {}
+    for o in observations:
+        by_ep.setdefault(o.endpoint, []).append(o)
+    fits = {ep: _fit_endpoint(ep, obs, microbatch_size, microbatch_tokens)
+            for ep, obs in sorted(by_ep.items())}
+    return Calibration(fits, source)
+
+
+def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
+                  budget: int) -> EndpointFit:
+    batches = _batches(obs, size, budget)
+    per_worker: dict[str, list[_Batch]] = {}
+    for b in batches:
+        per_worker.setdefault(b.worker, []).append(b)
+    busy: list[tuple[_Batch, float]] = []  # (batch, previous batch's end on its worker)
+    idle: list[_Batch] = []
+    for chain in per_worker.values():
+        chain.sort(key=lambda b: b.first_end)
+        for prev, b in zip([None, *chain[:-1]], chain, strict=True):
+            if prev is not None and b.dispatched < prev.end:
+                busy.append((b, prev.end))
+            else:
+                idle.append(b)
+    # Micro-batch durations inside busy batches (after the first): the worker ran them
+    # back to back, so end-to-end differences are their whole cost.
+    durations = [(float(m[1]), m[0] - p[0]) for b, _ in busy
+                 for p, m in zip(b.micro, b.micro[1:], strict=False)]
+    line = _line(durations)
+    note = ""
+    if line is None:
+        models = [(float(m[1]), m[2]) for b in batches for m in b.micro if m[2] is not None]
+        line = _line(models)
+        note = "from model time: no busy batch had two micro-batches"
+    if line is None:
+        line, note = (5.0, 0.28), "no data: the simulator's defaults"
+    a, per = line
+    resid = [y - (a + per * x) for x, y in durations] or [0.0]
+    micro_overhead = Figure(a, len(durations), _median(resid)[1], note)
+    ms_per = Figure(per, len(durations), 0.0, note)
+
+    def micro_ms(padded: int) -> float:
+        return a + per * padded
+
+    heads = [b.first_end - prev_end - micro_ms(b.micro[0][1]) for b, prev_end in busy]
+    batch_overhead = _mean_figure(heads)
+    bo = batch_overhead.value
+    pairs = [(bo + sum(micro_ms(m[1]) for m in b.micro), b.end - prev_end)
+             for b, prev_end in busy]
+    predicted_ms = statistics.fmean(p for p, _ in pairs) if pairs else 0.0
+    measured_ms = statistics.fmean(m for _, m in pairs) if pairs else 0.0
+    err_ms = statistics.median(abs(p - m) for p, m in pairs) if pairs else 0.0
+    # A worker's first batch also pays its warm-up: not a delivery sample.
+    firsts = {id(chain[0]) for chain in per_worker.values()}
+    delivery = _figure([b.first_end - b.dispatched - bo - micro_ms(b.micro[0][1])
+                        for b in idle if id(b) not in firsts])
+    # Feedback: a dispatch while the scheduler held work, after the latest end on its worker.
+    ends = {w: sorted(b.end for b in chain) for w, chain in per_worker.items()}
+    pending = sorted((o.admitted_ms, o.dispatched_ms) for o in obs)
+    feedback = []
+    for b in batches:
+        before = [e for e in ends[b.worker] if e <= b.dispatched]
+        if not before:
+            continue
+        freed = before[-1]
+        # Work was waiting: a request admitted before the slot freed left at or after b.
+        if any(adm < freed and disp >= b.dispatched for adm, disp in pending):
+            feedback.append(b.dispatched - freed)
+    feedback_fig = _figure(feedback)
+    if not delivery.samples:
+        # Both are one Kafka hop (a produce and a fetch), the other way round.
+        delivery = Figure(feedback_fig.value, 0, 0.0,
+                          "no idle batch after a worker's first: the feedback hop")
+    admission, rate = _admission(obs)
+    return EndpointFit(endpoint=endpoint, batches=len(batches), busy_batches=len(busy),
+                       batch_overhead_ms=batch_overhead, micro_overhead_ms=micro_overhead,
+                       ms_per_padded_token=ms_per, admission_ms=admission,
+                       admission_rate_rps=rate, delivery_ms=delivery, feedback_ms=feedback_fig,
+                       batch_predicted_ms=predicted_ms, batch_measured_ms=measured_ms,
+                       batch_error_ms=err_ms, microbatch_size=size, microbatch_tokens=budget)
+
+
+def _admission(obs: Sequence[Observation]) -> tuple[Figure, Figure]:
+    """Admission's fixed delay, and the rate it admits an org's queued requests at.
+
+    An org that sent faster than it was admitted queued behind its own
+    requests (they share an ingress partition and are decided in order): the
+    largest such org gives the rate. Every other org's requests waited only
+    for admission itself: the median of their send-to-admitted times is the
+    fixed delay.
+    """
+    by_org: dict[str, list[Observation]] = {}
+    for o in obs:
+        by_org.setdefault(o.org, []).append(o)
+    light: list[float] = []
+    queued: list[tuple[float, int]] = []  # (admitted per second, requests)
+    for members in by_org.values():
+        members.sort(key=lambda o: o.sent_ms)
+        n = len(members)
+        sent_span = members[-1].sent_ms - members[0].sent_ms
+        admitted = sorted(o.admitted_ms for o in members)
+        admitted_span = admitted[-1] - admitted[0]
+        if n >= 10 and admitted_span > 0:
+            admit_rate = (n - 1) / admitted_span
+            send_rate = (n - 1) / sent_span if sent_span > 0 else float("inf")
+            if send_rate > 2 * admit_rate:
+                queued.append((admit_rate * 1000, n))
+                continue
+        light.extend(o.admitted_ms - o.sent_ms for o in members)
+    admission = _figure(light, note="" if light else "every org queued behind itself: 0")
+    if queued:
+        rate, n = max(queued, key=lambda q: q[1])
+        return admission, Figure(rate, n, 0.0, "the largest org that sent faster than admitted")
+    return admission, Figure(0.0, 0, 0.0, "no org queued behind itself: unlimited")
+
+
+def format_fit(cal: Calibration) -> str:
+    """The fitted parameters and their error, one block per endpoint."""
+    lines = [f"calibrated from {cal.source}" if cal.source else "calibration"]
+    for ep, f in cal.endpoints.items():
+        lines += [
+            (f"  {ep}: {f.batches} batches ({f.busy_batches} busy), micro-batches of "
+            f"<= {f.microbatch_size} texts / {f.microbatch_tokens} padded tokens"),
+            f"    batch overhead ms        {f.batch_overhead_ms}",
+            f"    micro-batch overhead ms  {f.micro_overhead_ms}",
+            f"    ms per padded token      {f.ms_per_padded_token.value:.6f}",
+            (f"    busy batches: predicted {f.batch_predicted_ms:,.1f} ms on average, measured "
+             f"{f.batch_measured_ms:,.1f} ms; median absolute error {f.batch_error_ms:,.1f} ms"),
+            f"    admission delay ms       {f.admission_ms}",
+            f"    admission rate /s        {f.admission_rate_rps}",
+            f"    delivery ms              {f.delivery_ms}",
+            f"    feedback ms              {f.feedback_ms}",
+        ]
+    return "\n".join(lines)
+
+
+# -- the fitted world, for the simulator ----------------------------------------------------
+
+
+class CalibratedPipeline:
+    """The world around the core as fitted: :class:`scheduler.simulate.Pipeline`.
+
+    Endpoints the fit has no data for use ``fallback`` (the simulator's
+    :class:`~scheduler.simulate.ServiceModel`) and no delays.
+    """
+
+    def __init__(self, cal: Calibration, config: Config, fallback, policy: str = "drr"):
+        self.cal = cal
+        self.tier_names = config.tier_names
+        self.fallback = fallback
+        #: The service hands drr batches over in run order, fifo batches as chosen.
+        self.run_order = policy != "fifo"
+
+    def _fit(self, endpoint: str) -> EndpointFit | None:
+        return self.cal.endpoints.get(endpoint)
+
+    def enter_times(self, records: Sequence) -> list[float]:
+        """When each record may be held by the scheduler: admission's delay and rate per org."""
+        last: dict[str, float] = {}
+        out = []
+        for r in records:
+            f = self._fit(r.endpoint)
+            if f is None:
+                out.append(r.ts)
+                continue
+            t = r.ts + f.admission_ms.value / 1000
+            rate = f.admission_rate_rps.value
+            if rate > 0 and r.org in last:
+                t = max(t, last[r.org] + 1.0 / rate)
+            last[r.org] = t
+            out.append(t)
+        return out
+
+    def delivery_s(self, endpoint: str) -> float:
+        f = self._fit(endpoint)
+        return f.delivery_ms.value / 1000 if f else 0.0
+
+    def feedback_s(self, endpoint: str) -> float:
+        f = self._fit(endpoint)
+        return f.feedback_ms.value / 1000 if f else 0.0
+
+    def serve(self, endpoint: str, entries: Sequence[Entry]) -> tuple[float, list[float]]:
+        """(seconds the batch holds its worker, seconds from its start to each entry's result)."""
+        f = self._fit(endpoint)
+        if f is None:
+            took = self.fallback.batch_s(sum(e.tokens for e in entries))
+            return took, [took] * len(entries)
+        order = run_order(entries, self.tier_names) if self.run_order else list(entries)
+        lengths = [e.tokens for e in order]
+        plan = plan_microbatches(lengths, max_padded_tokens=f.microbatch_tokens,
+                                 max_size=f.microbatch_size, order="given")
+        t = f.batch_overhead_ms.value
+        done: dict[int, float] = {}
+        for group in plan:
+            padded = len(group) * max(lengths[i] for i in group)
+            t += f.micro_overhead_ms.value + f.ms_per_padded_token.value * padded
+            for i in group:
+                done[id(order[i])] = t / 1000
+        return t / 1000, [done[id(e)] for e in entries]

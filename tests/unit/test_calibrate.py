@@ -1,0 +1,174 @@
+"""Calibration: the fit recovers the model a run was made with, and simulating with it reproduces the run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import msgspec
+import pytest
+
+from scheduler import calibrate as cal
+from scheduler.calibrate import CalibratedPipeline, Calibration, EndpointFit, Figure
+from scheduler.report import percentile
+from scheduler.simulate import ServiceModel, SimSettings, add_arguments, run, simulate
+from scheduler.trace import TraceRecord
+from schemas.config import parse_config
+from schemas.messages import Result
+
+CONFIG = parse_config("""
+[service]
+worker_slots = 2
+
+[[tiers]]
+name = "standard"
+
+[endpoints.embed]
+kind = "embed"
+quantum = 512
+max_batch_tokens = 1024
+max_batch_size = 64
+max_request_tokens = 64
+
+[orgs.bulk]
+tier = "standard"
+
+[orgs.quiet]
+tier = "standard"
+""")
+
+TRUTH = {"batch_overhead_ms": 20.0, "micro_overhead_ms": 10.0, "ms_per_padded_token": 0.3,
+         "admission_ms": 100.0, "admission_rate_rps": 2000.0, "delivery_ms": 15.0,
+         "feedback_ms": 25.0}
+
+
+def truth() -> Calibration:
+    f = {k: Figure(v, 1) for k, v in TRUTH.items()}
+    ep = EndpointFit(endpoint="embed", batches=0, busy_batches=0, batch_predicted_ms=0,
+                     batch_measured_ms=0, batch_error_ms=0, microbatch_size=16,
+                     microbatch_tokens=4096, **f)
+    return Calibration({"embed": ep})
+
+
+def trace() -> list[TraceRecord]:
+    """bulk: 600 requests of 8..64 tokens in the first 0.06 s; quiet: one every 0.25 s, and
+    then, once the burst is over, alone on idle workers."""
+    recs = [TraceRecord(ts=i * 0.0001, org="bulk", endpoint="embed", tokens=8 + (i * 7) % 57,
+                        id=f"b{i}") for i in range(600)]
+    recs += [TraceRecord(ts=0.05 + 0.25 * i, org="quiet", endpoint="embed", tokens=12,
+                         id=f"q{i}") for i in range(12)]
+    recs += [TraceRecord(ts=30.0 + i, org="quiet", endpoint="embed", tokens=12, id=f"late{i}")
+             for i in range(4)]
+    return sorted(recs, key=lambda r: r.ts)
+
+
+def run_with(calibration: Calibration):
+    pipeline = CalibratedPipeline(calibration, CONFIG, ServiceModel())
+    return simulate(CONFIG, trace(), SimSettings(slots=2, pipeline=pipeline))
+
+
+def observations(outcomes) -> list[cal.Observation]:
+    """A simulated run's outcomes as a live run's results would give them."""
+    return [cal.Observation(org=o.org, endpoint=o.endpoint, tokens=o.tokens,
+                            sent_ms=o.arrival_s * 1000, admitted_ms=o.admitted_s * 1000,
+                            dispatched_ms=o.dispatched_s * 1000,
+                            completed_ms=o.completed_s * 1000, batch_id=o.batch_id,
+                            worker="w")
+            for o in outcomes if o.status == "ok"]
+
+
+def test_the_fit_recovers_the_model_a_run_was_made_with():
+    """Every fitted parameter of a simulated run equals the one it was simulated with."""
+    sim = run_with(truth())
+    got = cal.fit(observations(sim.outcomes), microbatch_size=16).endpoints["embed"]
+    assert got.busy_batches > 10
+    for name, want in TRUTH.items():
+        value = getattr(got, name).value
+        assert value == pytest.approx(want, rel=0.02, abs=0.5), (name, getattr(got, name))
+    assert got.batch_predicted_ms == pytest.approx(got.batch_measured_ms, rel=1e-6)
+    assert got.batch_error_ms == pytest.approx(0, abs=0.5)
+
+
+def test_simulating_with_the_fit_reproduces_the_quiet_orgs_latency():
+    """Calibrated from a run, the simulation gives the quiet org's p50 and p99 within 2 %."""
+    first = run_with(truth())
+    refit = cal.fit(observations(first.outcomes), microbatch_size=16)
+    second = run_with(refit)
+
+    def quiet(result):
+        xs = sorted(o.latency_s for o in result.outcomes if o.org == "quiet" and o.latency_s)
+        return percentile(xs, 50), percentile(xs, 99)
+
+    (p50a, p99a), (p50b, p99b) = quiet(first), quiet(second)
+    assert p50b == pytest.approx(p50a, rel=0.02) and p99b == pytest.approx(p99a, rel=0.02)
+
+
+def test_without_the_pipeline_the_simulator_is_unchanged():
+    """No pipeline: arrivals at their ts, a batch's requests all done at its end, no hops."""
+    sim = simulate(CONFIG, trace(), SimSettings(slots=2))
+    for o in sim.outcomes:
+        assert o.admitted_s == o.arrival_s
+    ends = {}
+    for o in sim.outcomes:
+        ends.setdefault(o.batch_id, set()).add(o.completed_s)
+    assert all(len(v) == 1 for v in ends.values())
+
+
+def test_a_replay_report_is_read_from_its_results(tmp_path):
+    """results.jsonl (one Result a line) gives one observation per ok result with its stamps."""
+    enc = msgspec.json.Encoder()
+    rows = [Result(id="a", status="ok", org="quiet", endpoint="embed", tokens=10,
+                   truncated=[False, False], batch_id="b1", worker="w1", created_ms=1000,
+                   admitted_ms=1100, dispatched_ms=1200, completed_ms=1500, inference_ms=3.0),
+            Result(id="b", status="rejected", org="bulk", endpoint="embed")]
+    (tmp_path / "results.jsonl").write_bytes(b"".join(enc.encode(r) + b"\n" for r in rows))
+    [o] = cal.observations_from_report(tmp_path)
+    assert (o.texts, o.sent_ms, o.completed_ms, o.worker, o.inference_ms) == (2, 1000, 1500,
+                                                                              "w1", 3.0)
+    with pytest.raises(FileNotFoundError):
+        cal.observations_from_report(tmp_path / "nothing")
+
+
+def test_simulate_calibrate_prints_the_fit_and_runs_with_it(tmp_path, capsys):
+    """`simulate --calibrate DIR` prints each fitted parameter, then the calibrated run."""
+    sim = run_with(truth())
+    report = tmp_path / "live"
+    report.mkdir()
+    with (report / "outcomes.jsonl").open("w") as f:
+        for o in sim.outcomes:
+            f.write(json.dumps(msgspec.to_builtins(o)) + "\n")
+    config = tmp_path / "config.toml"
+    config.write_text("""
+[service]
+worker_slots = 2
+[[tiers]]
+name = "standard"
+[endpoints.embed]
+kind = "embed"
+quantum = 512
+max_batch_tokens = 1024
+max_request_tokens = 64
+[orgs.bulk]
+tier = "standard"
+[orgs.quiet]
+tier = "standard"
+""")
+    tr = tmp_path / "trace.jsonl"
+    tr.write_text("".join(json.dumps({"ts": r.ts, "org": r.org, "endpoint": r.endpoint,
+                                      "tokens": r.tokens, "id": r.id}) + "\n" for r in trace()))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out_json = tmp_path / "sim.json"
+    args = parser.parse_args(["--config", str(config), "--trace", str(tr), "--calibrate",
+                              str(report), "--microbatch-size", "16", "--json", str(out_json)])
+    assert run(args) == 0
+    text = capsys.readouterr().out
+    for label in ("batch overhead ms", "ms per padded token", "admission delay ms",
+                  "delivery ms", "feedback ms", "2 slot(s)", "the calibrated model"):
+        assert label in text
+    meta = json.loads(out_json.read_text())["meta"]
+    fitted = meta["calibration"]["endpoints"]["embed"]
+    assert fitted["feedback_ms"]["value"] == pytest.approx(25.0, rel=0.02)
+    bad = parser.parse_args(["--config", str(config), "--trace", str(tr), "--calibrate",
+                             str(tmp_path / "missing")])
+    assert run(bad) == 2
