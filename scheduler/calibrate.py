@@ -9,10 +9,14 @@ simulates with them (a :class:`CalibratedPipeline` plugged into
 ``topic:NAME``, results read from a topic of a running deployment.
 
 What a result tells (:class:`~schemas.messages.Result`): the send time
-(``created_ms``), when admission let it in (``admitted_ms``), when its batch
-left the scheduler (``dispatched_ms``), when its micro-batch was done
-(``completed_ms``: workers publish each micro-batch as soon as it is done),
-its share of the model time (``inference_ms``), its batch and worker.
+(``created_ms``), when admission let it in (``admitted_ms``) and when the
+scheduler read it (``received_ms``), when its batch left the scheduler
+(``dispatched_ms``) and reached its worker (``taken_ms``), when its
+micro-batch started (``started_ms``) and was done (``completed_ms``:
+workers publish each micro-batch as soon as it is done), its share of the
+model time (``inference_ms``), its batch and worker. Results of older
+workers lack the stamps after ``admitted_ms`` but one; the fit then infers
+what they would have said (see below).
 
 The model, per endpoint
 -----------------------
@@ -21,38 +25,49 @@ The model, per endpoint
   (:func:`worker.microbatch.plan_microbatches`, in the scheduler's run order,
   :func:`scheduler.batch_order.run_order`). Micro-batch j takes
   ``micro_overhead_ms + ms_per_padded_token x padded_j`` (padded: its texts
-  times its longest one); the batch as a whole adds ``batch_overhead_ms``
-  before its first micro-batch (decode, the previous batch's commit and
-  report). A request is done when its micro-batch is.
-* **Delays** (fixed): *admission*, from the send until the scheduler may
-  hold the request, plus admission's rate for requests that queue behind
-  their own org's earlier ones (an org's requests share an ingress
-  partition, decided in order); *delivery*, from the scheduler choosing a
-  batch until its worker may start it; *feedback*, from a batch done until
-  the scheduler sees its slot free.
+  times its longest one), with ``micro_gap_ms`` between two (publishing the
+  first's results); the batch as a whole adds ``batch_overhead_ms`` before
+  its first micro-batch (decode, the previous batch's commit and report).
+  A request is done when its micro-batch is.
+* **Delays** (fixed): *admission*, from the send until the scheduler holds
+  the request, plus admission's rate for requests that queue behind their
+  own org's earlier ones (an org's requests share an ingress partition,
+  decided in order); *delivery*, from the scheduler choosing a batch until
+  its worker reads it; *feedback*, from a batch done until the scheduler
+  sees its slot free.
 
 How each is fitted
 ------------------
 
-Batches are followed per worker in the order they finished. A batch is
-*busy* when it was dispatched before the worker finished the previous one
-(it waited in the worker), so it started the moment the previous one
-ended: its micro-batches' durations (end minus the previous end) are fitted
-against padded tokens by least squares (micro overhead, ms per padded
-token: the mean, slow batches included), and the time from the previous batch's end to its first micro-batch,
-less that micro-batch's fitted time, gives the batch overhead (median).
-A batch dispatched to an idle worker (not its first, which pays the warm-up)
-gives delivery: its first micro-batch's end less the dispatch, the batch
-overhead and the micro-batch's time; without one, delivery is taken to be
-the feedback hop (both are one Kafka hop). A batch dispatched while the
-scheduler held work gives feedback: its dispatch less the latest end on its
-worker before it. Admission: an org that sent faster than it was admitted
-queued behind itself, and the largest such org gives admission's rate; the
-median send-to-admitted time of every other org's requests is the fixed
-delay.
-Each figure is printed with how many samples it rests on and their median
-absolute deviation; the worker model also with the median error of the
-busy batches' durations it predicts.
+With the stamps, each part is measured: a micro-batch is the results that
+share a ``started_ms``; their durations are fitted against padded tokens
+by least squares (the mean, slow batches included: they set the
+throughput), the gaps between micro-batches and the time from a batch's
+start of work (the later of its ``taken_ms`` and the end of the worker's
+previous batch) to its first micro-batch are averaged, and delivery is the
+median of ``taken_ms - dispatched_ms``.
+
+Without them, batches are followed per worker in the order they finished. A
+batch is *busy* when it was dispatched before the worker finished the
+previous one (it waited in the worker), so it started the moment the
+previous one ended: its micro-batches (cut as the worker cuts them, in
+completion order) give durations end to end, fitted the same way, and the
+time from the previous batch's end to its first micro-batch, less that
+micro-batch's fitted time, gives the batch overhead. A batch dispatched to
+an idle worker (not its first, which pays the warm-up) gives delivery: its
+first micro-batch's end less the dispatch, the batch overhead and the
+micro-batch's time; without one, delivery is taken to be the feedback hop
+(both are one Kafka hop).
+
+Either way: a batch dispatched while the scheduler held work gives
+feedback: its dispatch less the latest end on its worker before it. An org
+that sent faster than it was admitted queued behind itself, and the largest
+such org gives admission's rate; the median time from send to the
+scheduler (``received_ms``, else ``admitted_ms``) of every other org's
+requests is admission's fixed delay. Each figure is printed with how many
+samples it rests on and their median absolute deviation; the worker model
+also with the busy batches' mean predicted and measured duration and the
+median error.
 
 Limits: per-text lengths are not in a result (each text of a request counts
 as tokens / texts); without ``inference_ms`` or busy batches a part falls
@@ -108,6 +123,11 @@ class Observation(msgspec.Struct, kw_only=True, frozen=True):
     batch_id: str
     worker: str = ""
     inference_ms: float | None = None
+    #: Newer stamps (None in older results): read by the scheduler, taken by the
+    #: worker, its micro-batch started.
+    received_ms: float | None = None
+    taken_ms: float | None = None
+    started_ms: float | None = None
 
 
 def observations_from_results(results: Iterable[Result]) -> list[Observation]:
@@ -122,7 +142,8 @@ def observations_from_results(results: Iterable[Result]) -> list[Observation]:
             texts=len(r.truncated) if r.truncated else 1, sent_ms=r.created_ms,
             admitted_ms=r.admitted_ms, dispatched_ms=r.dispatched_ms,
             completed_ms=r.completed_ms, batch_id=r.batch_id, worker=r.worker or "",
-            inference_ms=r.inference_ms))
+            inference_ms=r.inference_ms, received_ms=getattr(r, "received_ms", None),
+            taken_ms=getattr(r, "taken_ms", None), started_ms=getattr(r, "started_ms", None)))
     return out
 
 
@@ -255,6 +276,8 @@ class EndpointFit:
     batch_overhead_ms: Figure
     micro_overhead_ms: Figure
     ms_per_padded_token: Figure
+    #: Between two micro-batches of a batch (publishing the first's results).
+    micro_gap_ms: Figure
     admission_ms: Figure
     admission_rate_rps: Figure
     delivery_ms: Figure
@@ -265,6 +288,8 @@ class EndpointFit:
     batch_error_ms: float
     microbatch_size: int
     microbatch_tokens: int
+    #: Fitted from the workers' start stamps (else from when micro-batches ended).
+    stamped: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"endpoint": self.endpoint, "batches": self.batches,
@@ -273,8 +298,10 @@ class EndpointFit:
                                "batch_measured_ms": round(self.batch_measured_ms, 3),
                                "batch_error_ms": round(self.batch_error_ms, 3),
                                "microbatch_size": self.microbatch_size,
-                               "microbatch_tokens": self.microbatch_tokens}
+                               "microbatch_tokens": self.microbatch_tokens,
+                               "stamped": self.stamped}
         for name in ("batch_overhead_ms", "micro_overhead_ms", "ms_per_padded_token",
+                     "micro_gap_ms",
                      "admission_ms", "admission_rate_rps", "delivery_ms", "feedback_ms"):
             f: Figure = getattr(self, name)
             out[name] = {"value": round(f.value, 6), "samples": f.samples,
@@ -344,26 +371,40 @@ def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
 
 
 @dataclass
+class _Micro:
+    #: When it started (the worker's ``started_ms``; None in older results) and ended.
+    start: float | None
+    end: float
+    padded: int
+
+
+@dataclass
 class _Batch:
     id: str
     worker: str
     dispatched: float
-    #: per micro-batch: (end ms, padded tokens, model ms or None, observations)
-    micro: list[tuple[float, int, float | None, list[Observation]]] = field(default_factory=list)
+    #: When the worker read it (``taken_ms``; None in older results).
+    taken: float | None
+    micro: list[_Micro] = field(default_factory=list)
 
     @property
     def first_end(self) -> float:
-        return self.micro[0][0]
+        return self.micro[0].end
 
     @property
     def end(self) -> float:
-        return self.micro[-1][0]
+        return self.micro[-1].end
 
 
 def _lengths(obs: Observation) -> list[int]:
     n = max(1, obs.texts)
     each = max(1, round(obs.tokens / n))
     return [each] * n
+
+
+def _padded(members: Sequence[Observation]) -> int:
+    lengths = [length for o in members for length in _lengths(o)]
+    return len(lengths) * max(lengths)
 
 
 def _batches(obs: Sequence[Observation], size: int, budget: int) -> list[_Batch]:
@@ -373,27 +414,34 @@ def _batches(obs: Sequence[Observation], size: int, budget: int) -> list[_Batch]
     out = []
     for bid, members in by_id.items():
         members.sort(key=lambda o: o.completed_ms)
-        lengths: list[int] = []
-        owner: list[int] = []
-        for i, o in enumerate(members):
-            for length in _lengths(o):
-                lengths.append(length)
-                owner.append(i)
-        plan = plan_microbatches(lengths, max_padded_tokens=budget, max_size=size, order="given")
-        # The planner sorts within windows; results came back in completion order, so
-        # micro-batch j is the next len(plan[j]) texts in that order.
-        b = _Batch(bid, members[0].worker, min(o.dispatched_ms for o in members))
-        pos = 0
-        for group in plan:
-            texts = range(pos, pos + len(group))
-            pos += len(group)
-            mine = sorted({owner[t] for t in texts})
-            in_micro = [members[i] for i in mine]
-            padded = len(group) * max(lengths[t] for t in texts)
-            model = None
-            if all(o.inference_ms is not None for o in in_micro):
-                model = sum(o.inference_ms for o in in_micro)
-            b.micro.append((max(o.completed_ms for o in in_micro), padded, model, in_micro))
+        taken = [o.taken_ms for o in members if o.taken_ms is not None]
+        b = _Batch(bid, members[0].worker, min(o.dispatched_ms for o in members),
+                   min(taken) if taken else None)
+        if all(o.started_ms is not None for o in members):
+            # Stamped: a micro-batch is the results that share its start.
+            groups: dict[float, list[Observation]] = {}
+            for o in members:
+                groups.setdefault(o.started_ms, []).append(o)
+            for start in sorted(groups):
+                g = groups[start]
+                b.micro.append(_Micro(start, max(o.completed_ms for o in g), _padded(g)))
+        else:
+            # Cut as the worker cuts it; results came back in completion order, so
+            # micro-batch j is the next len(plan[j]) texts in that order.
+            lengths, owner = [], []
+            for k, o in enumerate(members):
+                for length in _lengths(o):
+                    lengths.append(length)
+                    owner.append(k)
+            plan = plan_microbatches(lengths, max_padded_tokens=budget, max_size=size,
+                                     order="given")
+            pos = 0
+            for group in plan:
+                texts = range(pos, pos + len(group))
+                pos += len(group)
+                mine = [members[k] for k in sorted({owner[t] for t in texts})]
+                b.micro.append(_Micro(None, max(o.completed_ms for o in mine),
+                                      len(group) * max(lengths[t] for t in texts)))
         out.append(b)
     return out
 
@@ -417,69 +465,103 @@ def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
         per_worker.setdefault(b.worker, []).append(b)
     busy: list[tuple[_Batch, float]] = []  # (batch, previous batch's end on its worker)
     idle: list[_Batch] = []
+    prev_end: dict[str, float | None] = {}
     for chain in per_worker.values():
         chain.sort(key=lambda b: b.first_end)
         for prev, b in zip([None, *chain[:-1]], chain, strict=True):
+            prev_end[b.id] = prev.end if prev is not None else None
             if prev is not None and b.dispatched < prev.end:
                 busy.append((b, prev.end))
             else:
                 idle.append(b)
-    # Micro-batch durations inside busy batches (after the first): the worker ran them
-    # back to back, so end-to-end differences are their whole cost.
-    durations = [(float(m[1]), m[0] - p[0]) for b, _ in busy
-                 for p, m in zip(b.micro, b.micro[1:], strict=False)]
-    line = _line(durations)
-    note = ""
-    if line is None:
-        models = [(float(m[1]), m[2]) for b in batches for m in b.micro if m[2] is not None]
-        line = _line(models)
-        note = "from model time: no busy batch had two micro-batches"
-    if line is None:
-        line, note = (5.0, 0.28), "no data: the simulator's defaults"
-    a, per = line
-    resid = [y - (a + per * x) for x, y in durations] or [0.0]
-    micro_overhead = Figure(a, len(durations), _median(resid)[1], note)
-    ms_per = Figure(per, len(durations), 0.0, note)
+    stamped = bool(batches) and all(m.start is not None for b in batches for m in b.micro)
+    if stamped:
+        fit_ = _fit_stamped(batches, prev_end)
+    else:
+        fit_ = _fit_from_ends(batches, busy, idle, per_worker)
+    a, per, gap, bo = (fit_[k].value for k in ("micro", "per", "gap", "head"))
 
-    def micro_ms(padded: int) -> float:
-        return a + per * padded
+    def batch_ms(b: _Batch) -> float:
+        return bo + sum(a + per * m.padded for m in b.micro) + gap * (len(b.micro) - 1)
 
-    heads = [b.first_end - prev_end - micro_ms(b.micro[0][1]) for b, prev_end in busy]
-    batch_overhead = _mean_figure(heads)
-    bo = batch_overhead.value
-    pairs = [(bo + sum(micro_ms(m[1]) for m in b.micro), b.end - prev_end)
-             for b, prev_end in busy]
+    pairs = [(batch_ms(b), b.end - pe) for b, pe in busy]
     predicted_ms = statistics.fmean(p for p, _ in pairs) if pairs else 0.0
     measured_ms = statistics.fmean(m for _, m in pairs) if pairs else 0.0
     err_ms = statistics.median(abs(p - m) for p, m in pairs) if pairs else 0.0
-    # A worker's first batch also pays its warm-up: not a delivery sample.
-    firsts = {id(chain[0]) for chain in per_worker.values()}
-    delivery = _figure([b.first_end - b.dispatched - bo - micro_ms(b.micro[0][1])
-                        for b in idle if id(b) not in firsts])
     # Feedback: a dispatch while the scheduler held work, after the latest end on its worker.
     ends = {w: sorted(b.end for b in chain) for w, chain in per_worker.items()}
-    pending = sorted((o.admitted_ms, o.dispatched_ms) for o in obs)
+    pending = sorted((_entered(o), o.dispatched_ms) for o in obs)
     feedback = []
     for b in batches:
         before = [e for e in ends[b.worker] if e <= b.dispatched]
         if not before:
             continue
         freed = before[-1]
-        # Work was waiting: a request admitted before the slot freed left at or after b.
-        if any(adm < freed and disp >= b.dispatched for adm, disp in pending):
+        # Work was waiting: a request held before the slot freed left at or after b.
+        if any(held < freed and disp >= b.dispatched for held, disp in pending):
             feedback.append(b.dispatched - freed)
     feedback_fig = _figure(feedback)
+    delivery = fit_["delivery"]
     if not delivery.samples:
         # Both are one Kafka hop (a produce and a fetch), the other way round.
         delivery = Figure(feedback_fig.value, 0, 0.0,
                           "no idle batch after a worker's first: the feedback hop")
     admission, rate = _admission(obs)
     return EndpointFit(endpoint=endpoint, batches=len(batches), busy_batches=len(busy),
-                       batch_overhead_ms=batch_overhead, micro_overhead_ms=micro_overhead,
-                       ms_per_padded_token=ms_per, admission_ms=admission,
-                       admission_rate_rps=rate, delivery_ms=delivery, feedback_ms=feedback_fig,
-                       batch_predicted_ms=predicted_ms, batch_measured_ms=measured_ms,
-                       batch_error_ms=err_ms, microbatch_size=size, microbatch_tokens=budget)
+                       batch_overhead_ms=fit_["head"], micro_overhead_ms=fit_["micro"],
+                       ms_per_padded_token=fit_["per"], micro_gap_ms=fit_["gap"],
+                       admission_ms=admission, admission_rate_rps=rate, delivery_ms=delivery,
+                       feedback_ms=feedback_fig, batch_predicted_ms=predicted_ms,
+                       batch_measured_ms=measured_ms, batch_error_ms=err_ms,
+                       microbatch_size=size, microbatch_tokens=budget, stamped=stamped)
+
+
+def _fit_stamped(batches: Sequence[_Batch], prev_end: dict[str, float | None]
+                 ) -> dict[str, Figure]:
+    """With the workers' start stamps every part is measured on its own."""
+    points = [(float(m.padded), m.end - m.start) for b in batches for m in b.micro]
+    a, per = _line(points) or (0.0, 0.0)
+    resid = [y - (a + per * x) for x, y in points]
+    gaps = [q.start - p.end for b in batches for p, q in zip(b.micro, b.micro[1:], strict=False)]
+    heads, delivery = [], []
+    for b in batches:
+        if b.taken is None:
+            continue
+        delivery.append(b.taken - b.dispatched)
+        pe = prev_end.get(b.id)
+        begin = b.taken if pe is None else max(b.taken, pe)
+        heads.append(b.micro[0].start - begin)
+    return {"micro": Figure(a, len(points), _median(resid)[1]),
+            "per": Figure(per, len(points)),
+            "gap": _mean_figure(gaps), "head": _mean_figure(heads),
+            "delivery": _figure(delivery)}
+
+
+def _fit_from_ends(batches, busy, idle, per_worker) -> dict[str, Figure]:
+    """Without start stamps: from when micro-batches ended, in busy batches."""
+    durations = [(float(m.padded), m.end - p.end) for b, _ in busy
+                 for p, m in zip(b.micro, b.micro[1:], strict=False)]
+    line = _line(durations)
+    note = ""
+    if line is None:
+        line, note = (5.0, 0.28), "no busy batch of two micro-batches: the simulator's defaults"
+    a, per = line
+    resid = [y - (a + per * x) for x, y in durations]
+    heads = [b.first_end - pe - (a + per * b.micro[0].padded) for b, pe in busy]
+    head = _mean_figure(heads)
+    # A worker's first batch also pays its warm-up: not a delivery sample.
+    firsts = {id(chain[0]) for chain in per_worker.values()}
+    delivery = _figure([b.first_end - b.dispatched - head.value - (a + per * b.micro[0].padded)
+                        for b in idle if id(b) not in firsts])
+    return {"micro": Figure(a, len(durations), _median(resid)[1], note),
+            "per": Figure(per, len(durations), 0.0, note),
+            "gap": Figure(0.0, 0, 0.0, "in the micro-batch overhead: no start stamps"),
+            "head": head, "delivery": delivery}
+
+
+def _entered(o: Observation) -> float:
+    """When the scheduler could hold it: read off its tier topic, else admitted."""
+    return o.received_ms if o.received_ms is not None else o.admitted_ms
 
 
 def _admission(obs: Sequence[Observation]) -> tuple[Figure, Figure]:
@@ -500,7 +582,7 @@ def _admission(obs: Sequence[Observation]) -> tuple[Figure, Figure]:
         members.sort(key=lambda o: o.sent_ms)
         n = len(members)
         sent_span = members[-1].sent_ms - members[0].sent_ms
-        admitted = sorted(o.admitted_ms for o in members)
+        admitted = sorted(_entered(o) for o in members)
         admitted_span = admitted[-1] - admitted[0]
         if n >= 10 and admitted_span > 0:
             admit_rate = (n - 1) / admitted_span
@@ -508,7 +590,7 @@ def _admission(obs: Sequence[Observation]) -> tuple[Figure, Figure]:
             if send_rate > 2 * admit_rate:
                 queued.append((admit_rate * 1000, n))
                 continue
-        light.extend(o.admitted_ms - o.sent_ms for o in members)
+        light.extend(_entered(o) - o.sent_ms for o in members)
     admission = _figure(light, note="" if light else "every org queued behind itself: 0")
     if queued:
         rate, n = max(queued, key=lambda q: q[1])
@@ -521,11 +603,14 @@ def format_fit(cal: Calibration) -> str:
     lines = [f"calibrated from {cal.source}" if cal.source else "calibration"]
     for ep, f in cal.endpoints.items():
         lines += [
-            (f"  {ep}: {f.batches} batches ({f.busy_batches} busy), micro-batches of "
-            f"<= {f.microbatch_size} texts / {f.microbatch_tokens} padded tokens"),
+            (f"  {ep}: {f.batches} batches ({f.busy_batches} busy), "
+             + ("micro-batches as the workers stamped them" if f.stamped else
+                f"micro-batches of <= {f.microbatch_size} texts / {f.microbatch_tokens} "
+                "padded tokens")),
             f"    batch overhead ms        {f.batch_overhead_ms}",
             f"    micro-batch overhead ms  {f.micro_overhead_ms}",
             f"    ms per padded token      {f.ms_per_padded_token.value:.6f}",
+            f"    between micro-batches ms {f.micro_gap_ms}",
             (f"    busy batches: predicted {f.batch_predicted_ms:,.1f} ms on average, measured "
              f"{f.batch_measured_ms:,.1f} ms; median absolute error {f.batch_error_ms:,.1f} ms"),
             f"    admission delay ms       {f.admission_ms}",
@@ -593,8 +678,10 @@ class CalibratedPipeline:
                                  max_size=f.microbatch_size, order="given")
         t = f.batch_overhead_ms.value
         done: dict[int, float] = {}
-        for group in plan:
+        for k, group in enumerate(plan):
             padded = len(group) * max(lengths[i] for i in group)
+            if k:
+                t += f.micro_gap_ms.value
             t += f.micro_overhead_ms.value + f.ms_per_padded_token.value * padded
             for i in group:
                 done[id(order[i])] = t / 1000

@@ -46,7 +46,7 @@ def truth() -> Calibration:
     f = {k: Figure(v, 1) for k, v in TRUTH.items()}
     ep = EndpointFit(endpoint="embed", batches=0, busy_batches=0, batch_predicted_ms=0,
                      batch_measured_ms=0, batch_error_ms=0, microbatch_size=16,
-                     microbatch_tokens=4096, **f)
+                     microbatch_tokens=4096, micro_gap_ms=Figure(0.0, 0), **f)
     return Calibration({"embed": ep})
 
 
@@ -172,3 +172,40 @@ tier = "standard"
     bad = parser.parse_args(["--config", str(config), "--trace", str(tr), "--calibrate",
                              str(tmp_path / "missing")])
     assert run(bad) == 2
+
+
+def stamped(n_batches: int = 30, *, a=4.0, per=0.5, gap=3.0, head=7.0, delivery=12.0):
+    """Results of back-to-back batches on one worker, with every stamp a current worker writes."""
+    out, t_end = [], 0.0
+    for b in range(n_batches):
+        dispatched = 1000.0 + 40.0 * b
+        taken = dispatched + delivery
+        t = max(taken, t_end) + head
+        sizes = [(8, 20), (8, 20), (4, 10 + b % 5)]  # micro-batches: (texts, tokens each)
+        for k, (count, tokens) in enumerate(sizes):
+            if k:
+                t += gap
+            start = t
+            t += a + per * count * tokens
+            for i in range(count):
+                out.append(Result(id=f"r{b}-{k}-{i}", status="ok", org="bulk", endpoint="embed",
+                                  tokens=tokens, batch_id=f"b{b}", worker="w", created_ms=900,
+                                  admitted_ms=950, received_ms=960, dispatched_ms=int(dispatched),
+                                  taken_ms=int(taken), started_ms=int(start),
+                                  completed_ms=int(t)))
+        t_end = t
+    return out
+
+
+def test_with_the_workers_stamps_each_part_is_measured_on_its_own():
+    """started_ms, taken_ms and received_ms give micro-batches, delivery and admission directly."""
+    f = cal.fit(cal.observations_from_results(stamped())).endpoints["embed"]
+    assert f.stamped
+    # Stamps are whole milliseconds: within a millisecond of the truth.
+    assert f.ms_per_padded_token.value == pytest.approx(0.5, abs=0.01)
+    assert f.micro_overhead_ms.value == pytest.approx(4.0, abs=1.0)
+    assert f.micro_gap_ms.value == pytest.approx(3.0, abs=1.0)
+    assert f.batch_overhead_ms.value == pytest.approx(7.0, abs=1.0)
+    assert f.delivery_ms.value == pytest.approx(12.0, abs=1.0)
+    assert f.admission_ms.value == pytest.approx(60.0, abs=1.0)  # sent -> read by the scheduler
+    assert f.batch_predicted_ms == pytest.approx(f.batch_measured_ms, rel=0.02)
