@@ -202,6 +202,9 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
                 since: int | None, until: int | None) -> int:
     from plumbing.stack import Stack
 
+    if args.processes:
+        # Before the embedded broker starts, so that it too stays off the workers' CPUs.
+        args.cpus = _pin_workers(config)
     async with kafka_endpoint(kafka) as bootstrap:
         if kafka.bootstrap is None:
             # Our own broker: short sessions make group joins take ~1 s, not 3.
@@ -232,17 +235,12 @@ async def _replay_in_processes(args: argparse.Namespace, config: Config, kafka: 
                                items: Sequence[ReplayItem], settings: ReplaySettings) -> ReplayRun:
     """The replay against admission, scheduler and workers started as processes of their own."""
     import contextlib
-    import os
 
-    from plumbing.demo import plan_cpus
     from plumbing.processes import ProcessStack
 
     endpoints = sorted({it.request.endpoint for it in items} & set(config.endpoints))
-    plan = plan_cpus(endpoints, 1)
-    cpus = None
-    if plan is not None:
-        cpus, rest = plan
-        os.sched_setaffinity(0, rest)  # the sender stays off the workers' CPUs
+    cpus = {name: c for name, c in (args.cpus or {}).items()
+            if name.removeprefix("worker-") in endpoints} or None
     log_path = Path(args.report) / "services.log" if args.report else None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +254,21 @@ async def _replay_in_processes(args: argparse.Namespace, config: Config, kafka: 
                                 endpoints=endpoints, model=args.model, workers=args.workers,
                                 worker_threads=1 if cpus else None, log=log, cpus=cpus):
             return await replay(kafka, config, items, settings)
+
+
+def _pin_workers(config: Config) -> dict[str, set[int]] | None:
+    """Each endpoint's worker on a CPU of its own, as the demo pins them; this process (the
+    sender, the embedded broker, the other services) on the rest. None: not possible here."""
+    import os
+
+    from plumbing.demo import plan_cpus
+
+    plan = plan_cpus(list(config.endpoints), 1)
+    if plan is None:
+        return None
+    cpus, rest = plan
+    os.sched_setaffinity(0, rest)
+    return cpus
 
 
 def _write_results(path: Path, results) -> None:
@@ -337,7 +350,9 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
         overhead, per_token, how = _sim_service(args, st.get("model_fit"))
         pipeline, fitted = None, ""
         if not (args.sim_uncalibrated or how == "given"):
-            calibration = fit(observations_from_results(r for r, _ in filter(None, result.results or [])),
+            received = [got[0] for got in result.results or [] if got is not None]
+            calibration = fit(observations_from_results(received),
+                              flow_control=config.service.flow_control,
                               source="this replay's results")
             fitted = format_fit(calibration)
             print(f"\n## the pipeline's model, fitted\n\n{fitted}")
@@ -355,9 +370,12 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
         compare_text = compare(summary, sim_summary, labels=("replay", "simulate"))
         model = (how if pipeline is not None
                  else f"{overhead:g} ms + {per_token:g} ms/token per batch ({how})")
+        slots = (", ".join(f"{ep} {pipeline.slots(ep) or config.service.worker_slots}"
+                           for ep in sorted({it.request.endpoint for it in items}))
+                 if pipeline is not None else f"{config.service.worker_slots}")
         compare_text = (
             f"Simulation: {model}, "
-            f"{args.workers} worker(s) x {config.service.worker_slots} slot(s) per endpoint, "
+            f"{args.workers} worker(s) x {slots} slot(s) per endpoint, "
             f"policy {args.policy}, admission {'off' if admission is None else 'on'}.\n\n"
             + (f"```\n{fitted}\n```\n\n" if fitted else "")
             + compare_text + "\n\np50 ms per stage (admission: sent -> admitted; scheduler: "

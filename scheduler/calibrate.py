@@ -228,7 +228,8 @@ async def read_results_topic(kafka, topic: str, *, since_ms: int | None = None,
 
 
 def calibrate(source: str, *, kafka=None, microbatch_size: int = MICROBATCH_SIZE,
-              microbatch_tokens: int = MICROBATCH_TOKENS) -> Calibration:
+              microbatch_tokens: int = MICROBATCH_TOKENS,
+              flow_control: str = "slots") -> Calibration:
     """Read ``source`` (a report folder, or ``topic:NAME`` with ``kafka`` settings) and fit."""
     if source.startswith("topic:"):
         import asyncio
@@ -242,7 +243,7 @@ def calibrate(source: str, *, kafka=None, microbatch_size: int = MICROBATCH_SIZE
     if not obs:
         raise ValueError(f"{source}: no ok result with its time stamps to fit")
     return fit(obs, microbatch_size=microbatch_size, microbatch_tokens=microbatch_tokens,
-               source=source)
+               flow_control=flow_control, source=source)
 
 
 # -- the fit -----------------------------------------------------------------------------
@@ -290,6 +291,14 @@ class EndpointFit:
     microbatch_tokens: int
     #: Fitted from the workers' start stamps (else from when micro-batches ended).
     stamped: bool = False
+    #: Batches a worker held (0: not measured), and whether a batch's slot came
+    #: back when its last micro-batch started (credit flow control) or when done.
+    slots: Figure = field(default_factory=lambda: Figure(0, 0))
+    release_at_last_micro: bool = False
+    #: What each worker's first batch took beyond the model (its warm-up), and how many
+    #: workers there were.
+    warm_up_ms: Figure = field(default_factory=lambda: Figure(0.0, 0))
+    workers: int = 1
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"endpoint": self.endpoint, "batches": self.batches,
@@ -299,9 +308,10 @@ class EndpointFit:
                                "batch_error_ms": round(self.batch_error_ms, 3),
                                "microbatch_size": self.microbatch_size,
                                "microbatch_tokens": self.microbatch_tokens,
-                               "stamped": self.stamped}
+                               "stamped": self.stamped,
+                               "release_at_last_micro": self.release_at_last_micro}
         for name in ("batch_overhead_ms", "micro_overhead_ms", "ms_per_padded_token",
-                     "micro_gap_ms",
+                     "micro_gap_ms", "slots", "warm_up_ms",
                      "admission_ms", "admission_rate_rps", "delivery_ms", "feedback_ms"):
             f: Figure = getattr(self, name)
             out[name] = {"value": round(f.value, 6), "samples": f.samples,
@@ -447,18 +457,25 @@ def _batches(obs: Sequence[Observation], size: int, budget: int) -> list[_Batch]
 
 
 def fit(observations: Sequence[Observation], *, microbatch_size: int = MICROBATCH_SIZE,
-        microbatch_tokens: int = MICROBATCH_TOKENS, source: str = "") -> Calibration:
-    """Fit every endpoint the observations cover (see the module docstring)."""
+        microbatch_tokens: int = MICROBATCH_TOKENS, flow_control: str = "slots",
+        source: str = "") -> Calibration:
+    """Fit every endpoint the observations cover (see the module docstring).
+
+    ``flow_control`` is the live pipeline's (``service.flow_control``): with
+    ``credit`` a worker gives a batch's slot back when its last micro-batch
+    starts, with ``slots`` when the batch is done.
+    """
     by_ep: dict[str, list[Observation]] = {}
     for o in observations:
         by_ep.setdefault(o.endpoint, []).append(o)
-    fits = {ep: _fit_endpoint(ep, obs, microbatch_size, microbatch_tokens)
+    fits = {ep: _fit_endpoint(ep, obs, microbatch_size, microbatch_tokens,
+                              flow_control == "credit")
             for ep, obs in sorted(by_ep.items())}
     return Calibration(fits, source)
 
 
 def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
-                  budget: int) -> EndpointFit:
+                  budget: int, credit: bool = False) -> EndpointFit:
     batches = _batches(obs, size, budget)
     per_worker: dict[str, list[_Batch]] = {}
     for b in batches:
@@ -484,23 +501,36 @@ def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
     def batch_ms(b: _Batch) -> float:
         return bo + sum(a + per * m.padded for m in b.micro) + gap * (len(b.micro) - 1)
 
+    # A worker's first batch pays its warm-up (first calls of the model in these shapes).
+    warm = [b.end - (b.taken if b.taken is not None else b.dispatched) - batch_ms(b)
+            for chain in per_worker.values() for b in chain[:1]]
+    warm_up = _mean_figure(warm)
     pairs = [(batch_ms(b), b.end - pe) for b, pe in busy]
     predicted_ms = statistics.fmean(p for p, _ in pairs) if pairs else 0.0
     measured_ms = statistics.fmean(m for _, m in pairs) if pairs else 0.0
     err_ms = statistics.median(abs(p - m) for p, m in pairs) if pairs else 0.0
-    # Feedback: a dispatch while the scheduler held work, after the latest end on its worker.
-    ends = {w: sorted(b.end for b in chain) for w, chain in per_worker.items()}
+    # A batch's slot comes back when its last micro-batch starts (credit) or when
+    # it is done: feedback is a dispatch while the scheduler held work, after the
+    # latest slot returned on its worker; the slots in use are counted at each.
+    credit = credit and stamped
+
+    def released(b: _Batch) -> float:
+        return b.micro[-1].start if credit else b.end
+
+    frees = {w: sorted(released(b) for b in chain) for w, chain in per_worker.items()}
     pending = sorted((_entered(o), o.dispatched_ms) for o in obs)
-    feedback = []
+    feedback, in_use = [], []
     for b in batches:
-        before = [e for e in ends[b.worker] if e <= b.dispatched]
-        if not before:
-            continue
-        freed = before[-1]
+        before = [e for e in frees[b.worker] if e <= b.dispatched]
         # Work was waiting: a request held before the slot freed left at or after b.
-        if any(held < freed and disp >= b.dispatched for held, disp in pending):
-            feedback.append(b.dispatched - freed)
+        if before and any(held < before[-1] and disp >= b.dispatched for held, disp in pending):
+            feedback.append(b.dispatched - before[-1])
+            in_use.append(sum(1 for c in per_worker[b.worker]
+                              if c.dispatched <= b.dispatched < released(c)))
     feedback_fig = _figure(feedback)
+    slots = (Figure(max(1, round(statistics.median(in_use))), len(in_use),
+                    _median(in_use)[1], "batches a worker held, counted at each dispatch")
+             if in_use else Figure(0, 0, 0.0, "not measured: the configuration's"))
     delivery = fit_["delivery"]
     if not delivery.samples:
         # Both are one Kafka hop (a produce and a fetch), the other way round.
@@ -513,7 +543,9 @@ def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
                        admission_ms=admission, admission_rate_rps=rate, delivery_ms=delivery,
                        feedback_ms=feedback_fig, batch_predicted_ms=predicted_ms,
                        batch_measured_ms=measured_ms, batch_error_ms=err_ms,
-                       microbatch_size=size, microbatch_tokens=budget, stamped=stamped)
+                       microbatch_size=size, microbatch_tokens=budget, stamped=stamped,
+                       slots=slots, release_at_last_micro=credit, warm_up_ms=warm_up,
+                       workers=len(per_worker))
 
 
 def _fit_stamped(batches: Sequence[_Batch], prev_end: dict[str, float | None]
@@ -611,12 +643,15 @@ def format_fit(cal: Calibration) -> str:
             f"    micro-batch overhead ms  {f.micro_overhead_ms}",
             f"    ms per padded token      {f.ms_per_padded_token.value:.6f}",
             f"    between micro-batches ms {f.micro_gap_ms}",
+            f"    a worker's first batch   +{f.warm_up_ms} ms (warm-up; {f.workers} worker(s))",
             (f"    busy batches: predicted {f.batch_predicted_ms:,.1f} ms on average, measured "
              f"{f.batch_measured_ms:,.1f} ms; median absolute error {f.batch_error_ms:,.1f} ms"),
             f"    admission delay ms       {f.admission_ms}",
             f"    admission rate /s        {f.admission_rate_rps}",
             f"    delivery ms              {f.delivery_ms}",
             f"    feedback ms              {f.feedback_ms}",
+            f"    slots per worker         {f.slots}, each returned "
+            + ("when its last micro-batch starts" if f.release_at_last_micro else "when done"),
         ]
     return "\n".join(lines)
 
@@ -631,8 +666,13 @@ class CalibratedPipeline:
     :class:`~scheduler.simulate.ServiceModel`) and no delays.
     """
 
-    def __init__(self, cal: Calibration, config: Config, fallback, policy: str = "drr"):
+    def __init__(self, cal: Calibration, config: Config, fallback, policy: str = "drr",
+                 fitted_slots: bool = True):
         self.cal = cal
+        #: Hold as many batches per worker as the live run did (else SimSettings.slots).
+        self.fitted_slots = fitted_slots
+        #: Batches served so far per endpoint: the first of each worker pays the warm-up.
+        self.served: dict[str, int] = {}
         self.tier_names = config.tier_names
         self.fallback = fallback
         #: The service hands drr batches over in run order, fifo batches as chosen.
@@ -666,23 +706,38 @@ class CalibratedPipeline:
         f = self._fit(endpoint)
         return f.feedback_ms.value / 1000 if f else 0.0
 
-    def serve(self, endpoint: str, entries: Sequence[Entry]) -> tuple[float, list[float]]:
-        """(seconds the batch holds its worker, seconds from its start to each entry's result)."""
+    def slots(self, endpoint: str) -> int | None:
+        """Batches a worker held in the live run (None: not measured)."""
+        f = self._fit(endpoint)
+        if not self.fitted_slots or f is None or f.slots.value < 1:
+            return None
+        return int(f.slots.value)
+
+    def serve(self, endpoint: str,
+              entries: Sequence[Entry]) -> tuple[float, list[float], float]:
+        """Seconds the batch holds its worker, from its start to each entry's result, and
+        until its slot comes back (its last micro-batch's start with credit flow control)."""
         f = self._fit(endpoint)
         if f is None:
             took = self.fallback.batch_s(sum(e.tokens for e in entries))
-            return took, [took] * len(entries)
+            return took, [took] * len(entries), took
         order = run_order(entries, self.tier_names) if self.run_order else list(entries)
         lengths = [e.tokens for e in order]
         plan = plan_microbatches(lengths, max_padded_tokens=f.microbatch_tokens,
                                  max_size=f.microbatch_size, order="given")
         t = f.batch_overhead_ms.value
+        n = self.served[endpoint] = self.served.get(endpoint, 0) + 1
+        if n <= f.workers:
+            t += f.warm_up_ms.value
         done: dict[int, float] = {}
+        last_start = t
         for k, group in enumerate(plan):
             padded = len(group) * max(lengths[i] for i in group)
             if k:
                 t += f.micro_gap_ms.value
+            last_start = t
             t += f.micro_overhead_ms.value + f.ms_per_padded_token.value * padded
             for i in group:
                 done[id(order[i])] = t / 1000
-        return t / 1000, [done[id(e)] for e in entries]
+        release = last_start if f.release_at_last_micro else t
+        return t / 1000, [done[id(e)] for e in entries], release / 1000

@@ -137,8 +137,13 @@ class Pipeline(Protocol):
     def feedback_s(self, endpoint: str) -> float:
         """From a batch done until the scheduler sees its slot free."""
 
-    def serve(self, endpoint: str, entries: Sequence[Entry]) -> tuple[float, list[float]]:
-        """(seconds the batch holds its worker, seconds from its start to each entry's result)."""
+    def slots(self, endpoint: str) -> int | None:
+        """Batches a worker holds (None: ``SimSettings.slots``)."""
+
+    def serve(self, endpoint: str,
+              entries: Sequence[Entry]) -> tuple[float, list[float], float]:
+        """Seconds the batch holds its worker, from its start to each entry's result, and
+        from its start until its slot comes back."""
 
 
 class Admission(Protocol):
@@ -262,6 +267,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     enter = pipe.enter_times(records) if pipe is not None else [r.ts for r in records]
     arrivals = sorted(range(len(records)), key=lambda k: (enter[k], k))
     entered: dict[str, float] = {}
+    slots_of = {ep: (pipe.slots(ep) if pipe is not None else None) or s.slots for ep in pools}
 
     def weight(org: str) -> float:
         o = config.orgs.get(org)
@@ -358,7 +364,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
             lane = sched.lanes[ep]
             while lane.held:
                 w = min(pool, key=lambda w: (w.in_hand, w.free_at))
-                if w.in_hand >= s.slots:
+                if w.in_hand >= slots_of[ep]:
                     break
                 d = sched.next_batch(ep, now)
                 expired(ep, d.expired, now)
@@ -380,7 +386,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                     took, offsets, back_s = s.service.batch_s(tokens), None, 0.0
                 else:
                     start = max(now + pipe.delivery_s(ep), w.free_at)
-                    (took, offsets), back_s = pipe.serve(ep, d.batch), pipe.feedback_s(ep)
+                    took, offsets, release = pipe.serve(ep, d.batch)
+                    back_s = pipe.feedback_s(ep) - (took - release)  # slot back before the end
                 w.free_at = start + took
                 w.in_hand += 1
                 seq += 1
@@ -505,8 +512,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run the other policy and print both side by side")
     parser.add_argument("--workers", type=int, default=1, help="workers per endpoint")
     parser.add_argument("--slots", type=int, default=None,
-                        help="batches a worker may hold (default 1; with --calibrate the "
-                             "configuration's worker_slots)")
+                        help="batches a worker may hold (default 1; with --calibrate as many "
+                             "as the live run's workers held)")
     parser.add_argument("--overhead-ms", type=float, default=5.0,
                         help="fixed time per batch (default 5 ms)")
     parser.add_argument("--ms-per-token", type=float, default=0.28,
@@ -534,7 +541,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_kafka_arguments(parser)
 
 
-def _calibration(args: argparse.Namespace):
+def _calibration(args: argparse.Namespace, config: Config):
     """The fit of ``--calibrate`` (None without it); prints the fitted parameters."""
     if not args.calibrate:
         return None
@@ -543,7 +550,8 @@ def _calibration(args: argparse.Namespace):
 
     cal = calibrate(args.calibrate, kafka=settings_from_args(args),
                     microbatch_size=args.microbatch_size,
-                    microbatch_tokens=args.microbatch_tokens)
+                    microbatch_tokens=args.microbatch_tokens,
+                    flow_control=config.service.flow_control)
     print(format_fit(cal))
     return cal
 
@@ -557,10 +565,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        calibration = _calibration(args)
+        calibration = _calibration(args, config)
     except (OSError, ValueError) as e:
         print(f"error: --calibrate: {e}", file=sys.stderr)
         return 2
+    fitted_slots = args.slots is None and calibration is not None
     if args.slots is None:
         args.slots = config.service.worker_slots if calibration is not None else 1
     if args.workers < 1 or args.slots < 1:
@@ -575,7 +584,8 @@ def run(args: argparse.Namespace) -> int:
         if calibration is not None:
             from scheduler.calibrate import CalibratedPipeline
 
-            pipeline = CalibratedPipeline(calibration, config, service, policy)
+            pipeline = CalibratedPipeline(calibration, config, service, policy,
+                                          fitted_slots=fitted_slots)
         settings = SimSettings(policy=policy, workers=args.workers, slots=args.slots,
                                service=service, sample_interval_s=args.sample_ms / 1000.0,
                                admission=PipelineAdmission(config) if args.admission else None,
@@ -589,7 +599,9 @@ def run(args: argparse.Namespace) -> int:
         fb = ", ".join(f"{ep} {ms:g} ms" for ep, ms in result.meta["full_batch_ms"].items())
         model = ("the calibrated model" if calibration is not None else
                  f"{args.overhead_ms:g} ms + {args.ms_per_token:g} ms/token (full batch: {fb})")
-        print(f"\n## {policy}: {len(records)} requests, {args.workers} worker(s) x {args.slots} "
+        slots = (", ".join(f"{ep} {pipeline.slots(ep) or args.slots}" for ep in config.endpoints)
+                 if fitted_slots else f"{args.slots}")
+        print(f"\n## {policy}: {len(records)} requests, {args.workers} worker(s) x {slots} "
               f"slot(s) per endpoint, batch = {model}\n")
         print(format_table(summary))
         if args.report:
