@@ -25,6 +25,7 @@ from plumbing.kafka import (
     settings_from_args,
 )
 from producer.replay import ReplayRun, ReplaySettings, replay
+from producer.replay_fairness import FairnessSampler, http_metrics
 from producer.replay_outcomes import live_jain, stage_table
 from producer.replay_sources import (
     ReplayError,
@@ -226,8 +227,16 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
                   file=sys.stderr)
             async with Stack(config, kafka, policy=args.policy, model=args.model,
                              workers=args.workers, endpoints=endpoints or None,
-                             token_counter=args.token_counter):
-                result = await replay(kafka, config, items, settings)
+                             token_counter=args.token_counter) as stack:
+                from prometheus_client import generate_latest
+
+                registry = stack.scheduler.registry
+
+                async def fetch() -> str:
+                    return generate_latest(registry).decode()
+
+                args.live_fairness = FairnessSampler(fetch)
+                result = await args.live_fairness.around(replay(kafka, config, items, settings))
     return _finish(args, config, items, result, source, margin)
 
 
@@ -252,8 +261,10 @@ async def _replay_in_processes(args: argparse.Namespace, config: Config, kafka: 
         log = files.enter_context(log_path.open("w")) if log_path is not None else None
         async with ProcessStack(args.config, kafka.bootstrap, policy=args.policy,
                                 endpoints=endpoints, model=args.model, workers=args.workers,
-                                worker_threads=1 if cpus else None, log=log, cpus=cpus):
-            return await replay(kafka, config, items, settings)
+                                worker_threads=1 if cpus else None, log=log,
+                                cpus=cpus) as stack:
+            args.live_fairness = FairnessSampler(http_metrics(stack.procs["scheduler"][1]))
+            return await args.live_fairness.around(replay(kafka, config, items, settings))
 
 
 def _pin_workers(config: Config) -> dict[str, set[int]] | None:
@@ -321,6 +332,9 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
         meta["token_margin"] = margin
     extra: dict[str, Any] = {"meta": meta, "jain_index": jain_index, "jain": groups,
                              "replay": st}
+    sampler = getattr(args, "live_fairness", None)
+    if sampler is not None:
+        extra["live_fairness"] = sampler.summary()
     if jain_index is None:
         extra["jain_note"] = ("no two orgs of one tier were seen backlogged together across "
                               "3 batches or more")
@@ -334,6 +348,10 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
           f"{st['achieved_peak_rps']} achieved); lateness p50 {st['send_lag_ms']['p50']:.1f} "
           f"ms, p99 {st['send_lag_ms']['p99']:.1f} ms, max {st['send_lag_ms']['max']:.1f} ms\n")
     print(format_table(summary))
+    if sampler is not None and sampler.lines():
+        print(f"\nlive fairness, as the scheduler measured it (sf_scheduler_fairness_*, "
+              f"{sampler.samples} samples every {sampler.every_s:g} s; extremes over the run):\n"
+              f"{sampler.lines()}")
     print(f"\np50 ms per stage (admission: sent -> admitted; scheduler: -> in a batch; "
           f"batch: -> done)\n\n{stage_table({'replay': result.outcomes})}")
     compare_text = None

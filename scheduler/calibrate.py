@@ -289,6 +289,8 @@ class EndpointFit:
     batch_error_ms: float
     microbatch_size: int
     microbatch_tokens: int
+    #: Mean measured duration of the busy batches in the first and second half of the run.
+    batch_halves_ms: tuple[float, float] = (0.0, 0.0)
     #: Fitted from the workers' start stamps (else from when micro-batches ended).
     stamped: bool = False
     #: Batches a worker held (0: not measured), and whether a batch's slot came
@@ -306,6 +308,7 @@ class EndpointFit:
                                "batch_predicted_ms": round(self.batch_predicted_ms, 3),
                                "batch_measured_ms": round(self.batch_measured_ms, 3),
                                "batch_error_ms": round(self.batch_error_ms, 3),
+                               "batch_halves_ms": [round(x, 3) for x in self.batch_halves_ms],
                                "microbatch_size": self.microbatch_size,
                                "microbatch_tokens": self.microbatch_tokens,
                                "stamped": self.stamped,
@@ -506,6 +509,10 @@ def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
             for chain in per_worker.values() for b in chain[:1]]
     warm_up = _mean_figure(warm)
     pairs = [(batch_ms(b), b.end - pe) for b, pe in busy]
+    # The model is one service time for the whole run: say when the run's changed.
+    half = len(pairs) // 2
+    halves = ((statistics.fmean(m for _, m in pairs[:half]),
+               statistics.fmean(m for _, m in pairs[half:])) if half else (0.0, 0.0))
     predicted_ms = statistics.fmean(p for p, _ in pairs) if pairs else 0.0
     measured_ms = statistics.fmean(m for _, m in pairs) if pairs else 0.0
     err_ms = statistics.median(abs(p - m) for p, m in pairs) if pairs else 0.0
@@ -543,6 +550,7 @@ def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
                        admission_ms=admission, admission_rate_rps=rate, delivery_ms=delivery,
                        feedback_ms=feedback_fig, batch_predicted_ms=predicted_ms,
                        batch_measured_ms=measured_ms, batch_error_ms=err_ms,
+                       batch_halves_ms=halves,
                        microbatch_size=size, microbatch_tokens=budget, stamped=stamped,
                        slots=slots, release_at_last_micro=credit, warm_up_ms=warm_up,
                        workers=len(per_worker))
@@ -589,6 +597,11 @@ def _fit_from_ends(batches, busy, idle, per_worker) -> dict[str, Figure]:
             "per": Figure(per, len(durations), 0.0, note),
             "gap": Figure(0.0, 0, 0.0, "in the micro-batch overhead: no start stamps"),
             "head": head, "delivery": delivery}
+
+
+def _drifted(halves: tuple[float, float], ratio: float = 1.3) -> bool:
+    a, b = halves
+    return min(a, b) > 0 and max(a, b) / min(a, b) > ratio
 
 
 def _entered(o: Observation) -> float:
@@ -646,6 +659,10 @@ def format_fit(cal: Calibration) -> str:
             f"    a worker's first batch   +{f.warm_up_ms} ms (warm-up; {f.workers} worker(s))",
             (f"    busy batches: predicted {f.batch_predicted_ms:,.1f} ms on average, measured "
              f"{f.batch_measured_ms:,.1f} ms; median absolute error {f.batch_error_ms:,.1f} ms"),
+            (f"    busy batches measured {f.batch_halves_ms[0]:,.1f} ms in the run's first half, "
+             f"{f.batch_halves_ms[1]:,.1f} ms in its second"
+             + (": the service time changed during the run, the fit averages it"
+                if _drifted(f.batch_halves_ms) else "")),
             f"    admission delay ms       {f.admission_ms}",
             f"    admission rate /s        {f.admission_rate_rps}",
             f"    delivery ms              {f.delivery_ms}",

@@ -201,6 +201,7 @@ async def test_trace_replay_through_the_live_pipeline_reports_every_request(
     assert "quiet-1" in compare and "p99 ms simulate" in compare
     assert "calibrated: fitted to this replay's results" in compare and "feedback ms" in compare
     assert sum(1 for _ in (report / "results.jsonl").open()) == len(records)
+    assert summary["live_fairness"]["samples"] >= 1  # the scheduler's own figures, sampled
     assert (report / "simulate" / "report.json").exists()
     assert sum(1 for _ in (report / "trace.jsonl").open()) == len(records)
     assert sum(1 for _ in (report / "id_map.jsonl").open()) == len(records)
