@@ -406,7 +406,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         for k, (e, c) in enumerate(batch):
             outcomes.append(Outcome(id=e.id, org=e.org, tier=e.tier, endpoint=ep, status="ok",
                                     tokens=e.tokens, cost=c, arrival_s=e.arrival,
-                                    admitted_s=entered.get(e.id, e.arrival), dispatched_s=dispatched,
+                                    admitted_s=entered.get(e.id, e.arrival),
+                                    dispatched_s=dispatched,
                                     completed_s=t if offsets is None else start + offsets[k],
                                     batch_id=bid, batch_tokens=tokens, batch_budget=budget))
         shares = s.service.shares_s([e.tokens for e, _ in batch])
