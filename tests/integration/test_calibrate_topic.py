@@ -11,7 +11,7 @@ from plumbing.topics import ensure_topics
 from scheduler.calibrate import calibrate
 from schemas.codec import codec_for
 from schemas.messages import Result
-from tests.integration.test_pipeline import produce
+from tests.integration.pipeline_setup import produce
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from schemas.codec import codec_for
 from schemas.config import Config, parse_config
 from schemas.messages import BatchTiming, WorkerEvent
 from schemas.topics import Topics
-from tests.integration.test_pipeline import produce, running, wait_for
+from tests.integration.pipeline_setup import produce, running, until
 
 pytestmark = pytest.mark.integration
 
@@ -83,30 +83,31 @@ async def test_the_new_leader_charges_the_same_adaptive_costs(kafka_settings: Ka
     a = SchedulerService(cfg, kafka_settings, settings=settings)
     b = SchedulerService(cfg, kafka_settings, settings=settings)
     async with running(a):
-        await wait_for(lambda: a.may_dispatch(), 15)
+        await until(lambda: a.may_dispatch(), "the first scheduler to lead", 15)
         # History the standby never reads.
         for i in range(20):
             a._observe(report(i, "w-gone", 5e-4), time.time() * 1000)
         async with running(b):
-            await wait_for(lambda: b.election is not None and b.election.state == "standby", 15)
+            await until(lambda: b.election is not None and b.election.state == "standby",
+                        "the second scheduler to stand by", 15)
             # Reports both read, from the topic.
             events = codec_for(WorkerEvent)
             await produce(kafka_settings, None,
                           [(topics.worker_events, 0, events.encode(report(100 + i, "w-live", 8e-4)))
                            for i in range(10)])
-            await wait_for(lambda: {r[2].batch_id for r in b.handover.recent} >=
-                           {f"b{100 + i}" for i in range(10)}, 10)
-            await wait_for(lambda: {r[2].batch_id for r in a.handover.recent} >=
-                           {f"b{100 + i}" for i in range(10)}, 10)
+            await until(lambda: {r[2].batch_id for r in b.handover.recent} >=
+                        {f"b{100 + i}" for i in range(10)}, "the standby to read the reports", 10)
+            await until(lambda: {r[2].batch_id for r in a.handover.recent} >=
+                        {f"b{100 + i}" for i in range(10)}, "the leader to read the reports", 10)
             # A snapshot of the leader's, taken after it read them all, reached the standby.
             t = time.time() * 1000
-            await wait_for(lambda: b.handover.latest is not None
-                           and b.handover.latest.sent_ms > t, 10)
+            await until(lambda: b.handover.latest is not None
+                        and b.handover.latest.sent_ms > t, "a snapshot taken after them", 10)
             want = charged(a)
             standby_own = charged(b)
             a_epoch = a.epoch
             await a.stop()
-            await wait_for(lambda: b.may_dispatch(), 20)
+            await until(lambda: b.may_dispatch(), "the standby to take over", 20)
             assert b.epoch > a_epoch
             got = charged(b)
     assert want["pads"] > 3 * want["lean"], want  # the measurements matter

@@ -46,7 +46,7 @@ from schemas.codec import codec_for, content_type
 from schemas.config import Config, parse_config
 from schemas.messages import AdmittedRequest
 from schemas.topics import Topics
-from tests.integration.test_pipeline import request
+from tests.integration.pipeline_setup import request
 
 pytestmark = pytest.mark.integration
 
