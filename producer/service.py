@@ -41,18 +41,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Annotated, Any
 
 import msgspec
 from aiokafka import TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError, KafkaTimeoutError
+from msgspec import Meta
 from prometheus_client import CollectorRegistry
 
 from plumbing.brokerwatch import BrokerWatch
@@ -62,16 +61,19 @@ from plumbing.kafka import (
     add_kafka_arguments,
     group_generation,
     in_group,
-    kafka_endpoint,
     make_consumer,
     make_producer,
-    settings_from_args,
     stop_consumer,
 )
+from plumbing.kafka import settings_from_args as kafka_settings_from_args
 from plumbing.logs import configure_logging, debug_enabled, get_logger
 from plumbing.offsets import OffsetTracker
 from plumbing.outbox import Outbox
-from plumbing.telemetry import TelemetryServer
+from plumbing.rebalance import Rebalance
+from plumbing.service import Service, serve
+from plumbing.settings import Settings, SettingsError
+from plumbing.settings import add_arguments as add_settings_arguments
+from plumbing.settings import from_args as settings_from_args
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from producer.admission import Admitted, DeadLetterReason, Outcome, Refused, decide
@@ -96,54 +98,64 @@ _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", b"application/msgpack")]
 
 
-class AdmissionSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Tuning of one admission instance; the registry itself is the Config."""
+def _doc(text: str, **limits) -> Meta:
+    return Meta(description=" ".join(text.split()), **limits)
 
-    #: Records decided per step (one org at a time in turn, see
-    #: :mod:`producer.readahead`); a step's writes go out together.
-    max_step_records: int = 500
-    #: ... and of at most this many bytes of input: under a burst of long
-    #: texts a step's writes then stay small, and a quiet org's record decided
-    #: in the next step does not wait behind one large produce request.
-    max_step_bytes: int = 256 * 1024
-    #: Fetched records held undecided at most. Reading ahead lets a quiet
-    #: org's record, fetched behind a burst on its partition, be decided in
-    #: the next step instead of after the burst; offsets are committed in
-    #: log order all the same, so a crash replays what was not yet written.
-    read_ahead_records: int = 50_000
-    #: Bytes read per ingress partition per fetch: large, so reading ahead
-    #: past a burst takes few fetches.
-    max_partition_fetch_bytes: int = 1024 * 1024
-    #: Steps handed to the producer and not yet settled while the next one
-    #: is decided (acknowledged, offsets released).
-    steps_in_flight: int = 8
-    #: At most one ingress commit per this interval while steps keep coming
-    #: (a step settled with none behind it is committed at once).
-    commit_interval_ms: int = 200
-    #: How long a stop waits for the steps in hand to be settled.
-    stop_settle_s: float = 30.0
-    #: Longest wait for ingress records before checking for a stop request.
-    poll_timeout_ms: int = 100
-    #: Snapshots older than this do not throttle. None: the larger of 5 s
-    #: and 20 scheduler intervals (``service.state_interval_ms``).
-    state_stale_after_ms: float | None = None
-    #: How often the configuration file's modification time is checked for
-    #: a hot reload; 0 reloads only on SIGHUP.
-    config_poll_ms: int = 2_000
-    #: Period of the ``admission_totals`` info line.
-    totals_log_interval_s: float = 30.0
-    #: Rejection and dead-letter lines logged per second at info/warning;
-    #: more in a burst are counted in the totals line, not printed.
-    log_lines_per_s: int = 20
-    #: Count tokens with this model spec for every endpoint instead of the
-    #: endpoint's ``model`` ("fake" counts words; tests and dry runs).
-    token_counter: str | None = None
-    #: Attempts for a result on a reply topic before it goes to the dead
-    #: letters (a reply topic may not exist on a cluster without auto-create).
-    reply_send_attempts: int = 3
-    metrics_host: str = "127.0.0.1"
-    #: Port of /metrics, /healthz and /readyz; None: no HTTP endpoint, 0: any free port.
-    metrics_port: int | None = None
+
+class AdmissionSettings(Settings, frozen=True):
+    """Tuning of one admission instance; the registry itself is the Config.
+
+    Every field is also a flag (``--max-step-records``) and an environment
+    variable (``SF_ADMISSION_MAX_STEP_RECORDS``), see :mod:`plumbing.settings`.
+    """
+
+    max_step_records: Annotated[int, _doc(
+        "Records decided per step, one (partition, org) group at a time in turn "
+        "(producer/readahead.py); a step's writes go out together.", ge=1)] = 500
+    max_step_bytes: Annotated[int, _doc(
+        "Bytes of input a step holds at most: under a burst of long texts a step's "
+        "writes stay small, and a quiet org's record decided in the next step does not "
+        "wait behind one large produce request.", ge=1)] = 256 * 1024
+    read_ahead_records: Annotated[int, _doc(
+        "Fetched records held undecided at most. A quiet org's record fetched behind a "
+        "burst on its partition is decided in the next step instead of after the burst; "
+        "offsets are committed in log order all the same.", ge=1)] = 50_000
+    max_partition_fetch_bytes: Annotated[int, _doc(
+        "Bytes read per ingress partition per fetch: large, so reading ahead past a "
+        "burst takes few fetches.", ge=1024)] = 1024 * 1024
+    steps_in_flight: Annotated[int, _doc(
+        "Steps handed to the producer and not yet settled (acknowledged, offsets "
+        "released) while the next one is decided.", ge=1)] = 8
+    commit_interval_ms: Annotated[int, _doc(
+        "At most one ingress commit per this interval while steps keep coming (a step "
+        "settled with none behind it is committed at once).", ge=0)] = 200
+    stop_settle_s: Annotated[float, _doc(
+        "How long a stop waits for the steps in hand to be settled.", ge=0)] = 30.0
+    poll_timeout_ms: Annotated[int, _doc(
+        "Longest wait for ingress records before checking for a stop request.",
+        ge=1)] = 100
+    state_stale_after_ms: Annotated[float | None, _doc(
+        "Scheduler snapshots older than this do not throttle; unset: the larger of 5 s "
+        "and 20 scheduler intervals (service.state_interval_ms).")] = None
+    config_poll_ms: Annotated[int, _doc(
+        "How often the configuration file's modification time is checked for a hot "
+        "reload; 0 reloads only on SIGHUP.", ge=0)] = 2_000
+    totals_log_interval_s: Annotated[float, _doc(
+        "Period of the admission_totals info line.", gt=0)] = 30.0
+    log_lines_per_s: Annotated[int, _doc(
+        "Rejection and dead-letter lines logged per second at info/warning; more in a "
+        "burst are counted in the totals line, not printed.", ge=0)] = 20
+    token_counter: Annotated[str | None, _doc(
+        "Count tokens with this model spec for every endpoint instead of the "
+        "endpoint's model ('fake' counts words: tests and dry runs).")] = None
+    reply_send_attempts: Annotated[int, _doc(
+        "Attempts for a result on a reply topic before it goes to the dead letters (a "
+        "reply topic may not exist on a cluster without auto-create).", ge=1)] = 3
+    metrics_host: Annotated[str, _doc(
+        "Address of /metrics, /healthz and /readyz (0.0.0.0 in a container).")] = "127.0.0.1"
+    metrics_port: Annotated[int | None, _doc(
+        "Port of /metrics, /healthz and /readyz; unset: no HTTP endpoint, 0: any free "
+        "port.")] = None
 
 
 def _now_ms() -> int:
@@ -188,24 +200,15 @@ class _Step(msgspec.Struct):
     written: Any = None
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, service: AdmissionService):
-        self.service = service
-
-    async def on_partitions_revoked(self, revoked):
-        self.service._on_revoked()
-
-    async def on_partitions_assigned(self, assigned):
-        pass
-
-
-class AdmissionService:
-    """The admission service as an async context manager (``start``/``run``/``stop``).
+class AdmissionService(Service):
+    """The admission service (:class:`plumbing.service.Service`: ``async with``, ``run``).
 
     ``config`` and the rate limiter are replaced only by :meth:`reload`;
     everything else is fixed at construction. ``token_counters`` (endpoint ->
-    counter) skips loading tokenizers, for tests.
+    counter) skips loading tokenizers, for tests; ``now_ms`` is the clock.
     """
+
+    name = "admission"
 
     def __init__(
         self,
@@ -218,12 +221,13 @@ class AdmissionService:
         token_counters: Mapping[str, TokenCounter] | None = None,
         now_ms: Callable[[], int] = _now_ms,
     ):
-        self.config = config
-        self.kafka = kafka
-        self.settings = settings or AdmissionSettings()
-        self.config_path = Path(config_path) if config_path is not None else None
+        s = self.settings = settings or AdmissionSettings()
+        super().__init__(config, kafka, registry=registry, config_path=config_path,
+                         config_poll_ms=s.config_poll_ms,
+                         totals_log_interval_s=s.totals_log_interval_s,
+                         metrics_host=s.metrics_host, metrics_port=s.metrics_port,
+                         stop_grace_s=s.stop_settle_s)
         self.topics = Topics.of(config)
-        self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = AdmissionMetrics(self.registry)
         self.limiter = RateLimiter(config)
         self.throttle = ThrottleState(
@@ -232,7 +236,7 @@ class AdmissionService:
         )
         self.now_ms = now_ms
         self.totals: Counter[str] = Counter()
-        self._sampler = LogSampler(self.settings.log_lines_per_s)
+        self._sampler = LogSampler(s.log_lines_per_s)
         self._counters: dict[str, TokenCounter] = dict(token_counters or {})
         self._counter_specs: dict[str, TokenCounter] = {}
         self._producer = None
@@ -244,34 +248,15 @@ class AdmissionService:
         self._offsets = OffsetTracker()
         self._generation: tuple[int, str] | None = None
         self._next_commit_s = 0.0
-        self._telemetry: TelemetryServer | None = None
         self._broker: BrokerWatch | None = None
-        self._keeper: TopicKeeper | None = None
-        self._tasks: list[asyncio.Task] = []
-        self._stopping = asyncio.Event()
-        #: Clear while :meth:`run` is running.
-        self._run_over = asyncio.Event()
-        self._run_over.set()
-        self._stopped = False
-        self._config_mtime: float | None = None
-        self._reload_lock = asyncio.Lock()
         self.metrics.state_age.set_function(self._state_age_s)
 
     # -- lifecycle -------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
+    async def open(self) -> None:
         """Create the topics, load token counters, connect, join the ingress group."""
         created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._counters.update(await self._load_counters(self.config))
-        if self.config_path is not None:
-            self._config_mtime = self._mtime()
         self._producer = make_producer(self.kafka)
         await self._producer.start()
         self._outbox = Outbox(self._producer)
@@ -280,39 +265,41 @@ class AdmissionService:
             max_poll_records=self.settings.read_ahead_records,
             max_partition_fetch_bytes=self.settings.max_partition_fetch_bytes,
         )
-        self._consumer.subscribe([self.topics.ingress], listener=_Rebalance(self))
+        self._consumer.subscribe([self.topics.ingress],
+                                 listener=Rebalance(on_revoked=self._on_revoked))
         await self._consumer.start()
         self._state_consumer = make_consumer(self.kafka, group_id=None)
         await self._state_consumer.start()
         await self._follow_state_from_recent()
-        self._broker = BrokerWatch(self._producer.client, self.topics.ingress,
-                                   service="admission",
-                                   gauge=self.metrics.broker_reachable).start()
+        self._broker = self.keep(BrokerWatch(self._producer.client, self.topics.ingress,
+                                             service="admission",
+                                             gauge=self.metrics.broker_reachable))
         # A broker that lost its topics (a Tansu restart): recreate them, and
         # follow the new scheduler-state topic from its start.
-        self._keeper = TopicKeeper(self.kafka, self._producer.client,
-                                   lambda: self.topics.all(self.config), service="admission",
-                                   on_lost=self._follow_state_from_recent,
-                                   follow=lambda: [self._state_consumer, self._consumer])
-        self._keeper.known(created)
-        self._keeper.start()
-        self._tasks.append(asyncio.create_task(self._read_state(), name="admission-state"))
-        self._tasks.append(asyncio.create_task(self._log_totals(), name="admission-totals"))
-        if self.config_path is not None and self.settings.config_poll_ms > 0:
-            self._tasks.append(asyncio.create_task(self._watch_config(), name="admission-config"))
-        if self.settings.metrics_port is not None:
-            self._telemetry = TelemetryServer(
-                self.registry, self.readiness, host=self.settings.metrics_host,
-                port=self.settings.metrics_port,
-            )
-            await self._telemetry.start()
-        log.info("admission_started", ingress=self.topics.ingress,
-                 group=f"{self.topics.prefix}admission",
-                 metrics_url=self._telemetry.url if self._telemetry else None)
+        keeper = TopicKeeper(self.kafka, self._producer.client,
+                             lambda: self.topics.all(self.config), service="admission",
+                             on_lost=self._follow_state_from_recent,
+                             follow=lambda: [self._state_consumer, self._consumer])
+        keeper.known(created)
+        self.keep(keeper)
+        self.log.info("admission_started", ingress=self.topics.ingress,
+                      group=f"{self.topics.prefix}admission", metrics_url=self.metrics_url)
+
+    def tasks(self) -> list:
+        return [self._read_state()]
+
+    async def close(self) -> None:
+        """Leave the ingress group and disconnect (the steps in hand were settled)."""
+        if self._consumer is not None:
+            await stop_consumer(self._consumer)
+        if self._state_consumer is not None:
+            await self._state_consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
 
     def readiness(self) -> tuple[bool, str]:
         """Ready once the producer runs and some ingress partition is assigned."""
-        if self._producer is None or self._consumer is None or self._stopped:
+        if self._producer is None or self._consumer is None or not self.started:
             return False, "not started"
         if self._broker is not None and not (b := self._broker.status())[0]:
             return b
@@ -320,16 +307,8 @@ class AdmissionService:
             return False, "no ingress partition assigned yet"
         return True, "ok"
 
-    @property
-    def metrics_url(self) -> str | None:
-        return self._telemetry.url if self._telemetry else None
-
-    def request_stop(self) -> None:
-        """Ask :meth:`run` to return after the fetch in hand is sent and committed."""
-        self._stopping.set()
-
-    async def run(self) -> None:
-        """Serve until :meth:`request_stop`; the steps in hand are settled before it returns.
+    async def main(self) -> None:
+        """Decide until a stop is requested; the steps in hand are settled before it returns.
 
         Each turn fetches what the broker has (without waiting while there is
         work in hand, up to ``read_ahead_records`` held), then decides one
@@ -343,17 +322,16 @@ class AdmissionService:
         queue: asyncio.Queue[_Step | None] = asyncio.Queue(
             maxsize=max(1, self.settings.steps_in_flight))
         settler = asyncio.create_task(self._settle_loop(queue), name="admission-settle")
-        self._run_over.clear()
         s = self.settings
         try:
-            while not self._stopping.is_set() and not settler.done():
+            while not self.stopping and not settler.done():
                 if len(self._ahead) < s.read_ahead_records:
                     try:
                         batches = await self._consumer.getmany(
                             timeout_ms=0 if self._ahead.held else s.poll_timeout_ms,
                             max_records=s.read_ahead_records - len(self._ahead))
                     except KafkaError as e:
-                        log.warning("ingress_fetch_failed", error=repr(e))
+                        self.log.warning("ingress_fetch_failed", error=repr(e))
                         await asyncio.sleep(0.5)
                         continue
                     fetched_ms = self.now_ms()
@@ -366,45 +344,13 @@ class AdmissionService:
                 step = await self._step(self._ahead.take(s.max_step_records, s.max_step_bytes))
                 await queue.put(step)
         finally:
-            try:
-                if not settler.done():
-                    await queue.put(None)
-                await settler
-            finally:
-                self._run_over.set()
-
-    async def stop(self) -> None:
-        """Stop fetching, let the steps in hand finish, close everything, log totals."""
-        if self._stopped:
-            return
-        self._stopping.set()
-        # The steps in hand are settled (acknowledged, committed) before the clients close.
-        try:
-            await asyncio.wait_for(self._run_over.wait(), self.settings.stop_settle_s)
-        except TimeoutError:
-            log.warning("admission_stop_unsettled", detail="steps in hand not settled in "
-                        f"{self.settings.stop_settle_s} s: the next owner replays them")
-        self._stopped = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._broker is not None:
-            await self._broker.stop()
-        if self._keeper is not None:
-            await self._keeper.stop()
-        if self._consumer is not None:
-            await stop_consumer(self._consumer)
-        if self._state_consumer is not None:
-            await self._state_consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
-        if self._telemetry is not None:
-            await self._telemetry.stop()
-        log.info("admission_stopped", **self._totals_fields())
+            if not settler.done():
+                await queue.put(None)
+            await settler
 
     # -- the loop --------------------------------------------------------
 
-    def _on_revoked(self) -> None:
+    def _on_revoked(self, _partitions=None) -> None:
         """A rebalance: what is read ahead is the next owner's (aiokafka revokes everything).
 
         Records decided and being written still settle, but their offsets
@@ -650,64 +596,27 @@ class AdmissionService:
         age = self.throttle.age_ms(self.now_ms())
         return float("nan") if age is None else age / 1000.0
 
-    @staticmethod
-    def _stale_after_ms(config: Config) -> float:
-        return max(5_000.0, 20.0 * config.service.state_interval_ms)
+    def _stale_after_ms(self, config: Config) -> float:
+        given = self.settings.state_stale_after_ms
+        return given if given is not None else max(5_000.0, 20.0 * config.service.state_interval_ms)
 
     # -- configuration reload ------------------------------------------------
 
-    def request_reload(self) -> None:
-        """Reload the configuration file soon (the SIGHUP handler)."""
-        self._tasks.append(asyncio.create_task(self.reload(), name="admission-reload"))
-
-    async def reload(self, config: Config | None = None) -> bool:
-        """Install ``config`` (default: re-read the file); False, logged, if refused."""
-        async with self._reload_lock:
-            try:
-                if config is None:
-                    if self.config_path is None:
-                        raise ConfigError(["no configuration file to reload from"])
-                    self._config_mtime = self._mtime()
-                    config = load_config(self.config_path)
-                if config.service.topic_prefix != self.config.service.topic_prefix:
-                    raise ConfigError([
-                        (f"service.topic_prefix cannot change from "
-                        f"{self.config.service.topic_prefix!r} to "
-                        f"{config.service.topic_prefix!r} without a restart")
-                    ])
-                counters = await self._load_counters(config)
-                await ensure_topics(self.kafka, self.topics.all(config))
-            except ConfigError as e:
-                self.metrics.reloads.labels("refused").inc()
-                log.error("config_reload_refused", problems=e.problems,
-                          detail="the running configuration stays in force")
-                return False
-            except Exception as e:  # noqa: BLE001 - a failed reload must not kill the service
-                self.metrics.reloads.labels("refused").inc()
-                log.error("config_reload_refused", error=repr(e),
-                          detail="the running configuration stays in force")
-                return False
-            self._counters.update(counters)
-            self.config = config
-            self.limiter.update(config)
-            self.throttle.stale_after_ms = self._stale_after_ms(config)
-            self.metrics.reloads.labels("applied").inc()
-            log.info("config_reloaded", orgs=len(config.orgs), endpoints=sorted(config.endpoints),
-                     tiers=config.tier_names)
-            return True
-
-    def _mtime(self) -> float | None:
-        try:
-            return self.config_path.stat().st_mtime
-        except OSError:
-            return None
-
-    async def _watch_config(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.config_poll_ms / 1000)
-            mtime = self._mtime()
-            if mtime is not None and mtime != self._config_mtime:
-                await self.reload()
+    async def apply(self, config: Config) -> None:
+        """Install ``config``: its token counters and topics first, then the limits."""
+        if config.service.topic_prefix != self.config.service.topic_prefix:
+            raise ConfigError([(
+                f"service.topic_prefix cannot change from "
+                f"{self.config.service.topic_prefix!r} to "
+                f"{config.service.topic_prefix!r} without a restart")])
+        counters = await self._load_counters(config)
+        await ensure_topics(self.kafka, self.topics.all(config))
+        self._counters.update(counters)
+        self.config = config
+        self.limiter.update(config)
+        self.throttle.stale_after_ms = self._stale_after_ms(config)
+        self.log.info("config_reloaded", orgs=len(config.orgs), endpoints=sorted(config.endpoints),
+                      tiers=config.tier_names)
 
     async def _load_counters(self, config: Config) -> dict[str, TokenCounter]:
         """A token counter per endpoint; a spec shared by endpoints is loaded once."""
@@ -731,31 +640,25 @@ class AdmissionService:
 
     # -- totals ------------------------------------------------------------
 
-    def _totals_fields(self) -> dict[str, Any]:
+    def totals_fields(self) -> dict[str, Any]:
         return {"totals": dict(self.totals), "log_lines_suppressed": self._sampler.suppressed}
-
-    async def _log_totals(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.totals_log_interval_s)
-            log.info("admission_totals", **self._totals_fields())
 
 
 # -- the `admission` subcommand ----------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``serving-fairness admission``."""
+    """Flags of ``serving-fairness admission``: the settings' own, then Kafka's."""
     parser.add_argument("--config", required=True, help="the deployment's TOML configuration")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve /metrics, /healthz and /readyz on this port (0: any free "
-                             "port; default: none)")
-    parser.add_argument("--metrics-host", default="127.0.0.1",
-                        help="address of the metrics endpoint (0.0.0.0 in a container)")
-    parser.add_argument("--token-counter", default=None, metavar="SPEC",
-                        help="count tokens with this model spec for every endpoint "
-                             "(e.g. 'fake'); default: each endpoint's model")
     parser.add_argument("--log-level", default=None, help="DEBUG logs every admitted request")
+    add_settings_arguments(parser.add_argument_group(
+        "admission", "flags override the SF_ADMISSION_* environment"), AdmissionSettings,
+        env_prefix=ENV_PREFIX)
     add_kafka_arguments(parser)
+
+
+#: Environment variables of the admission settings: SF_ADMISSION_<FIELD>.
+ENV_PREFIX = "SF_ADMISSION_"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -763,29 +666,10 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         config = load_config(args.config)
-    except ConfigError as e:
+        settings = settings_from_args(AdmissionSettings, args, env_prefix=ENV_PREFIX)
+    except (ConfigError, SettingsError) as e:
         print(f"serving-fairness admission: {e}", file=sys.stderr)
         return 2
-    kafka = settings_from_args(args)
-    settings = AdmissionSettings(metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-                                 token_counter=args.token_counter)
-    return asyncio.run(_serve(config, kafka, settings, args.config))
-
-
-async def _serve(config: Config, kafka: KafkaSettings, settings: AdmissionSettings,
-                 config_path: str) -> int:
-    async with kafka_endpoint(kafka) as bootstrap:
-        if kafka.bootstrap is None:
-            log.warning("embedded_broker_started", bootstrap=bootstrap,
-                        detail="no --bootstrap given: other services must use this address")
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        service = AdmissionService(config, kafka, settings=settings, config_path=config_path)
-        loop = asyncio.get_running_loop()
-        # Before start: a signal during start-up must not kill the process
-        # with the default action (a stop then returns right after start).
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, service.request_stop)
-        loop.add_signal_handler(signal.SIGHUP, service.request_reload)
-        async with service:
-            await service.run()
-    return 0
+    kafka = kafka_settings_from_args(args)
+    return asyncio.run(serve(lambda k: AdmissionService(config, k, settings=settings,
+                                                        config_path=args.config), kafka))

@@ -49,18 +49,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import signal
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Self
+from pathlib import Path
+from typing import Annotated, Any
 
 import msgspec
 import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
+from msgspec import Meta
 from prometheus_client import CollectorRegistry
 from structlog.contextvars import bound_contextvars
 
@@ -69,14 +68,16 @@ from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
     consumer_lag,
-    kafka_endpoint,
     make_consumer,
     make_producer,
-    settings_from_args,
     stop_consumer,
 )
-from plumbing.logs import LogSampler
-from plumbing.telemetry import TelemetryServer
+from plumbing.kafka import settings_from_args as kafka_settings_from_args
+from plumbing.logs import LogSampler, configure_logging
+from plumbing.service import Service, serve
+from plumbing.settings import Settings, SettingsError
+from plumbing.settings import add_arguments as add_settings_arguments
+from plumbing.settings import from_args as settings_from_args
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from scheduler.batch_order import run_order
@@ -107,40 +108,51 @@ _SENT_TOKENS_KEPT = 4096
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
 
 
-@dataclass(frozen=True)
-class SchedulerSettings:
-    """How the service runs (the fairness settings are in the configuration file)."""
+def _doc(text: str, **limits) -> Meta:
+    return Meta(description=" ".join(text.split()), **limits)
 
-    #: ``drr`` (fair) or ``fifo`` (the baseline, for comparisons).
-    policy: Policy = "drr"
-    #: How often tier offsets are committed. Lower replays less after a crash,
-    #: at one commit request per interval.
-    commit_interval_ms: int = 500
-    #: Records taken per fetch; also the most the held count can overshoot
-    #: ``max_held_requests`` by before the consumers pause.
-    max_poll_records: int = 500
-    #: Orgs listed in each lane's ``org_held_tokens`` snapshot.
-    state_top_orgs: int = 20
-    #: Producer linger for batches and results. 0: a batch goes out the
-    #: moment a slot frees (the producer still batches while a send is in flight).
-    linger_ms: int = 0
-    metrics_host: str = "127.0.0.1"
-    #: None: no HTTP endpoint (in-process tests); 0 picks a free port.
-    metrics_port: int | None = None
-    #: Session of the leader group: a crashed leader is replaced about this
-    #: long (Tansu: ~1.5x) plus two group joins after it died. None: the
-    #: Kafka settings' session_timeout_ms. Apache Kafka refuses values below
-    #: its group.min.session.timeout.ms (6 s by default).
-    leader_session_timeout_ms: int | None = None
-    #: The configuration file, reloaded when its modification time changes
-    #: (checked every ``config_poll_ms``; 0: on SIGHUP only). None: no file.
-    config_path: str | None = None
-    config_poll_ms: int = 2_000
-    #: ``batch_emitted`` and ``request_expired`` lines per second at info;
-    #: the rest of a burst goes to debug and into the totals line.
-    log_lines_per_s: int = 20
-    #: Period of the ``scheduler_totals`` info line.
-    totals_log_interval_s: float = 30.0
+
+class SchedulerSettings(Settings, frozen=True):
+    """How the service runs (the fairness settings are in the configuration file).
+
+    Every field is also a flag (``--commit-interval-ms``) and an environment
+    variable (``SF_SCHEDULER_COMMIT_INTERVAL_MS``), see :mod:`plumbing.settings`.
+    """
+
+    policy: Annotated[Policy, _doc(
+        "drr (fair) or fifo (the baseline, for comparisons).")] = "drr"
+    commit_interval_ms: Annotated[int, _doc(
+        "How often tier offsets are committed. Lower replays less after a crash, at one "
+        "commit request per interval.", ge=1)] = 500
+    max_poll_records: Annotated[int, _doc(
+        "Tier records taken per intake slice; also the most the held count can overshoot "
+        "max_held_requests by before the consumers pause.", ge=1)] = 500
+    state_top_orgs: Annotated[int, _doc(
+        "Orgs listed in each lane's org_held_tokens snapshot.", ge=0)] = 20
+    linger_ms: Annotated[int, _doc(
+        "Producer linger for batches and results. 0: a batch goes out the moment a "
+        "worker has credit.", ge=0)] = 0
+    metrics_host: Annotated[str, _doc(
+        "Address of /metrics, /healthz and /readyz (0.0.0.0 in a container).")] = "127.0.0.1"
+    metrics_port: Annotated[int | None, _doc(
+        "Port of /metrics, /healthz and /readyz; unset: no HTTP endpoint, 0: any free "
+        "port.")] = None
+    leader_session_timeout_ms: Annotated[int | None, _doc(
+        "Session of the leader group: a crashed leader is replaced about this long "
+        "(Tansu: ~1.5x) plus two group joins after it died; unset: the Kafka session "
+        "timeout. Apache Kafka refuses values below its group.min.session.timeout.ms "
+        "(6 s by default).")] = None
+    config_path: Annotated[str | None, _doc(
+        "The configuration file, reloaded on SIGHUP and when its modification time "
+        "changes; unset: no file.")] = None
+    config_poll_ms: Annotated[int, _doc(
+        "How often the file's modification time is checked; 0: on SIGHUP only.",
+        ge=0)] = 2_000
+    log_lines_per_s: Annotated[int, _doc(
+        "batch_emitted and request_expired lines per second at info; the rest of a burst "
+        "goes to debug and into the totals line.", ge=0)] = 20
+    totals_log_interval_s: Annotated[float, _doc(
+        "Period of the scheduler_totals info line.", gt=0)] = 30.0
 
 
 def _full_batches(config: Config) -> dict[str, int]:
@@ -148,17 +160,21 @@ def _full_batches(config: Config) -> dict[str, int]:
     return {name: ep.max_batch_tokens for name, ep in config.endpoints.items()}
 
 
-class SchedulerService:
+class SchedulerService(Service):
     """The fair scheduler on Kafka: ``async with SchedulerService(...) as s: await s.run()``."""
+
+    name = "scheduler"
 
     def __init__(self, config: Config, kafka: KafkaSettings, *,
                  settings: SchedulerSettings | None = None,
                  registry: CollectorRegistry | None = None):
-        self.config = config
-        self.kafka = kafka
-        self.settings = settings or SchedulerSettings()
+        s = self.settings = settings or SchedulerSettings()
+        super().__init__(config, kafka, registry=registry, config_path=s.config_path,
+                         config_poll_ms=s.config_poll_ms,
+                         totals_log_interval_s=s.totals_log_interval_s,
+                         metrics_host=s.metrics_host, metrics_port=s.metrics_port,
+                         stop_grace_s=5.0)
         self.topics = Topics.of(config)
-        self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SchedulerMetrics(self.registry, config)
         self.fairness = LiveFairness(self.registry, config)
         self.handover = CostHandover()
@@ -172,7 +188,6 @@ class SchedulerService:
         self.rates = ServiceRate()
         self.instance = uuid.uuid4().hex[:8]
         self._wake = asyncio.Event()
-        self._stopping = asyncio.Event()
         self._pending: set[asyncio.Future] = set()
         self._producer = None
         #: Batches on a connection of their own: aiokafka keeps one produce
@@ -180,15 +195,12 @@ class SchedulerService:
         #: snapshots and results.
         self._batch_producer = None
         self._event_consumer = None
-        self._telemetry: TelemetryServer | None = None
         self._broker: BrokerWatch | None = None
         self._sampler = LogSampler(self.settings.log_lines_per_s)
-        self._config_mtime: float | None = None
-        self._reload_lock = asyncio.Lock()
         self._batch_seq = 0
         self._rounds: dict[str, int] = {}
         self._next_state_s = 0.0
-        self._tasks: list[asyncio.Task] = []
+        self._handed_back = 0
         #: Dispatch only while True: set by the election, cleared on any doubt.
         self.leading = False
         self.epoch = 0
@@ -203,19 +215,11 @@ class SchedulerService:
         self.intake = TierIntake(config, self.topics, self.core, self.backlog, self.metrics,
                                  self.totals, self._wake,
                                  max_poll_records=self.settings.max_poll_records)
-        self.started = False
 
     # -- lifecycle -------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Create the topics, connect, join the tier group and read recent worker events."""
+    async def open(self) -> None:
+        """Create the topics, connect, join the leader group and read recent worker events."""
         cfg = self.config
         created = await ensure_topics(self.kafka, self.topics.all(cfg))
         self._producer = make_producer(self.kafka, linger_ms=self.settings.linger_ms)
@@ -238,68 +242,39 @@ class SchedulerService:
                                                    self.handover.offer).start()
         await self._seek_recent_events()
         await self.election.start()
-        self._keeper.start()
-        self._broker = BrokerWatch(self._producer.client, self.topics.worker_events,
-                                   service="scheduler",
-                                   gauge=self.metrics.broker_reachable).start()
-        self._config_mtime = self._mtime()
-        if self.settings.metrics_port is not None:
-            self._telemetry = TelemetryServer(self.registry, self.readiness,
-                                              host=self.settings.metrics_host,
-                                              port=self.settings.metrics_port)
-            await self._telemetry.start()
-        self.started = True
-        log.info("scheduler_started", policy=self.settings.policy, instance=self.instance,
-                 tiers=cfg.tier_names, endpoints=list(cfg.endpoints),
-                 metrics_port=self._telemetry.port if self._telemetry else None)
+        self.keep(self._keeper)
+        self._broker = self.keep(BrokerWatch(self._producer.client, self.topics.worker_events,
+                                             service="scheduler",
+                                             gauge=self.metrics.broker_reachable))
+        self.log.info("scheduler_started", policy=self.settings.policy, instance=self.instance,
+                      tiers=cfg.tier_names, endpoints=list(cfg.endpoints),
+                      metrics_port=self._telemetry.port if self._telemetry else None)
+
+    def tasks(self) -> list:
+        return [self.election.run(), self._event_loop(), self._dispatch_loop(),
+                self.intake.commit_loop(self.settings.commit_interval_ms / 1000),
+                self._events_lag_loop()]
 
     async def run(self) -> None:
-        """Serve until :meth:`request_stop` (or cancellation)."""
-        self._tasks = [
-            asyncio.create_task(self.election.run(), name="scheduler-election"),
-            asyncio.create_task(self._event_loop(), name="scheduler-events"),
-            asyncio.create_task(self._dispatch_loop(), name="scheduler-dispatch"),
-            asyncio.create_task(self.intake.commit_loop(self.settings.commit_interval_ms / 1000),
-                                name="scheduler-commit"),
-            asyncio.create_task(self._totals_loop(), name="scheduler-totals"),
-            asyncio.create_task(self._events_lag_loop(), name="scheduler-events-lag"),
-        ]
-        if self.settings.config_path and self.settings.config_poll_ms > 0:
-            self._tasks.append(asyncio.create_task(self._watch_config(), name="scheduler-config"))
-        stop = asyncio.create_task(self._stopping.wait())
-        try:
-            done, _ = await asyncio.wait([stop, *self._tasks],
-                                         return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stop and not t.cancelled() and t.exception() is not None:
-                    raise t.exception()
-        finally:
-            stop.cancel()
-            await self._cancel_tasks()
+        """Serve until :meth:`request_stop`; an intake that died takes the service down."""
+        await super().run()
         if self._failure is not None:
             raise self._failure
 
-    def request_stop(self) -> None:
-        """Ask :meth:`run` to return (signal handlers call this)."""
-        self._stopping.set()
+    async def close(self) -> None:
+        """Let acknowledged work commit, hand back what is held, leave, disconnect.
 
-    async def stop(self) -> None:
-        """Stop fetching, let acknowledged work commit, close; held requests stay uncommitted."""
-        self._stopping.set()
-        await self._cancel_tasks()
+        Held requests were not committed: they are handed back, and the next
+        leader (or this one restarted) replays them.
+        """
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=5)
         self.leading = False
-        handed_back = await self._stop_intake()
+        self._handed_back = await self._stop_intake()
         if self.election is not None:
             await self.election.stop()  # after the intake: the next leader replays from its commit
         if self._state_follower is not None:
             await self._state_follower.stop()
-        if self._broker is not None:
-            await self._broker.stop()
-        if self._keeper is not None:
-            await self._keeper.stop()
-            self._broker = None
         if self._event_consumer is not None:
             with contextlib.suppress(Exception):
                 await stop_consumer(self._event_consumer)
@@ -307,22 +282,7 @@ class SchedulerService:
             if producer is not None:
                 with contextlib.suppress(Exception):
                     await producer.stop()
-        if self._telemetry is not None:
-            await self._telemetry.stop()
         self._event_consumer = self._producer = self._batch_producer = None
-        if self.started:
-            # Held requests were not committed: they are handed back, and the
-            # next leader (or this one restarted) replays them.
-            log.info("scheduler_stopped", handed_back=handed_back, **self._totals_fields())
-        self.started = False
-
-    async def _cancel_tasks(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks = []
 
     def readiness(self) -> tuple[bool, str]:
         if self._producer is None:
@@ -389,7 +349,7 @@ class SchedulerService:
 
     # -- configuration ---------------------------------------------------------
 
-    async def reload(self, config: Config) -> None:
+    async def apply(self, config: Config) -> None:
         """Apply a new configuration without dropping a held request."""
         if config.service.topic_prefix != self.config.service.topic_prefix:
             raise ConfigError(["service.topic_prefix cannot change while running"])
@@ -404,42 +364,13 @@ class SchedulerService:
         self.fairness.configure(config)
         self.intake.reconfigure(config)
         self._wake.set()
-        log.info("config_reloaded", tiers=config.tier_names, endpoints=list(config.endpoints))
+        self.log.info("config_reloaded", tiers=config.tier_names,
+                      endpoints=list(config.endpoints))
 
     async def reload_file(self, path: str) -> bool:
-        """SIGHUP: load ``path``; an invalid file is refused with every problem logged."""
-        async with self._reload_lock:
-            self._config_mtime = self._mtime()
-            try:
-                config = load_config(path)
-                await self.reload(config)
-            except ConfigError as e:
-                self.metrics.reloads.labels("refused").inc()
-                log.error("config_refused", path=path, problems=e.problems,
-                          detail="the running configuration stays in force")
-                return False
-            except Exception as e:  # noqa: BLE001 - a failed reload must not stop the service
-                self.metrics.reloads.labels("refused").inc()
-                log.error("config_refused", path=path, error=repr(e),
-                          detail="the running configuration stays in force")
-                return False
-            self.metrics.reloads.labels("applied").inc()
-            return True
-
-    def _mtime(self) -> float | None:
-        if not self.settings.config_path:
-            return None
-        try:
-            return os.stat(self.settings.config_path).st_mtime
-        except OSError:
-            return None
-
-    async def _watch_config(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.config_poll_ms / 1000)
-            mtime = self._mtime()
-            if mtime is not None and mtime != self._config_mtime:
-                await self.reload_file(self.settings.config_path)
+        """Load ``path`` and apply it; an invalid file is refused with every problem logged."""
+        self.config_path = Path(path)
+        return await self.reload()
 
     # -- intake: worker events -------------------------------------------------
 
@@ -790,14 +721,9 @@ class SchedulerService:
         except KafkaError as e:
             log.warning("state_send_failed", error=repr(e))
 
-    def _totals_fields(self) -> dict[str, Any]:
-        return {"held": self.core.held, **self.totals,
+    def totals_fields(self) -> dict[str, Any]:
+        return {"held": self.core.held, "handed_back": self._handed_back, **self.totals,
                 "log_lines_suppressed": self._sampler.suppressed}
-
-    async def _totals_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.totals_log_interval_s)
-            log.info("scheduler_totals", **self._totals_fields())
 
     # -- helpers ---------------------------------------------------------------
 
@@ -819,58 +745,28 @@ class SchedulerService:
 # -- command line --------------------------------------------------------------
 
 
+#: Environment variables of the scheduler settings: SF_SCHEDULER_<FIELD>.
+ENV_PREFIX = "SF_SCHEDULER_"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``serving-fairness scheduler``."""
+    """Flags of ``serving-fairness scheduler``: the settings' own, then Kafka's."""
     parser.add_argument("--config", required=True, help="the deployment's TOML configuration")
-    parser.add_argument("--policy", choices=["drr", "fifo"], default="drr",
-                        help="drr: fair (default); fifo: the baseline, for comparison")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve /metrics, /healthz, /readyz on this port (0: any free port)")
-    parser.add_argument("--metrics-host", default="127.0.0.1",
-                        help="address of the metrics endpoint (0.0.0.0 in a container)")
-    parser.add_argument("--commit-interval-ms", type=int, default=500,
-                        help="how often tier offsets are committed (ms)")
-    parser.add_argument("--leader-session-timeout-ms", type=int, default=None,
-                        help="session of the leader group: a crashed leader is replaced after "
-                             "about this long plus two group joins (default: the Kafka "
-                             "session timeout)")
+    add_settings_arguments(parser.add_argument_group(
+        "scheduler", "flags override the SF_SCHEDULER_* environment"), SchedulerSettings,
+        env_prefix=ENV_PREFIX, skip=("config_path",))
     add_kafka_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the scheduler until SIGTERM/SIGINT; SIGHUP reloads ``--config``."""
-    from plumbing.logs import configure_logging
-
     configure_logging()
     try:
         config = load_config(args.config)
-    except ConfigError as e:
-        log.error("config_refused", path=args.config, problems=e.problems)
+        settings = settings_from_args(SchedulerSettings, args, env_prefix=ENV_PREFIX,
+                                      config_path=args.config)
+    except (ConfigError, SettingsError) as e:
+        log.error("config_refused", path=args.config, error=str(e))
         return 2
-    kafka = settings_from_args(args)
-    settings = SchedulerSettings(policy=args.policy, metrics_port=args.metrics_port,
-                                 metrics_host=args.metrics_host,
-                                 commit_interval_ms=args.commit_interval_ms,
-                                 leader_session_timeout_ms=args.leader_session_timeout_ms,
-                                 config_path=args.config)
-    return asyncio.run(_main(config, kafka, settings, args.config))
-
-
-async def _main(config: Config, kafka: KafkaSettings, settings: SchedulerSettings,
-                path: str) -> int:
-    async with kafka_endpoint(kafka) as bootstrap:
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        service = SchedulerService(config, kafka, settings=settings)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, service.request_stop)
-        reloads: set[asyncio.Task[Any]] = set()
-
-        def on_hup() -> None:
-            t = asyncio.ensure_future(service.reload_file(path))
-            reloads.add(t)
-            t.add_done_callback(reloads.discard)
-        loop.add_signal_handler(signal.SIGHUP, on_hup)
-        async with service:
-            await service.run()
-    return 0
+    kafka = kafka_settings_from_args(args)
+    return asyncio.run(serve(lambda k: SchedulerService(config, k, settings=settings), kafka))

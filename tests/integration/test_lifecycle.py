@@ -215,7 +215,7 @@ async def test_scheduler_sigterm_commits_done_requests_and_a_restart_replays_the
     valid = config_file.read_text()
     config_file.write_text(valid.replace('kind = "embed"', 'kind = "nope"'))
     svc.proc.send_signal(signal.SIGHUP)
-    (refused, *_) = await svc.wait_event("config_refused")
+    (refused, *_) = await svc.wait_event("config_reload_refused")
     assert refused["level"] == "error" and refused["problems"]
     await svc.wait_ready(contains="3 held")  # the old configuration still runs
     config_file.write_text(valid + '\n[orgs.newco]\ntier = "free"\n')

@@ -1,0 +1,303 @@
+"""The lifecycle every service shares, once: start, run, graceful stop, signals, reload.
+
+A service (admission, the scheduler, a worker) is an async context manager:
+
+    async with Service(...) as s:   # start(): connect, join groups, serve /metrics
+        await s.run()               # until request_stop() (SIGTERM) or a task fails
+                                    # stop(): its own close, then the shared parts
+
+What differs is a handful of hooks: :meth:`Service.open` (connect, create
+topics, join groups), :meth:`Service.main` (its primary loop, which ends by
+itself once a stop is requested, after settling what it holds: admission
+settles its steps, a worker finishes its batches), :meth:`Service.tasks`
+(loops beside it, cancelled once it ended), :meth:`Service.close` (commit,
+leave, disconnect), :meth:`Service.totals_fields` (the figures of its
+``<name>_totals`` and ``<name>_stopped`` lines), :meth:`Service.readiness`
+and :meth:`Service.apply` (a new configuration; refusing is the default).
+What is the same lives here: the telemetry endpoint, the periodic totals
+line, the configuration file watch (SIGHUP and a changed modification
+time), the broker watch and topic keeper's start and stop, signal handlers,
+and the command's main (:func:`serve`): embedded broker or cluster, signals
+installed before start, exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, Self
+
+import msgspec
+from prometheus_client import CollectorRegistry
+
+from plumbing.kafka import KafkaSettings, kafka_endpoint
+from plumbing.logs import get_logger
+from plumbing.telemetry import TelemetryServer
+from schemas.config import ConfigError, load_config
+
+__all__ = ["Service", "serve"]
+
+
+class Service:
+    """Base of the three services; see the module docstring for the hooks.
+
+    Fixed at construction: ``name``, ``kafka``, ``registry``, the telemetry
+    address and the configuration file. ``config`` changes only through
+    :meth:`reload`.
+    """
+
+    #: "admission", "scheduler", "worker": names log lines and the broker watch.
+    name = "service"
+
+    def __init__(self, config, kafka: KafkaSettings, *, registry: CollectorRegistry | None = None,
+                 config_path: str | Path | None = None, config_poll_ms: int = 0,
+                 totals_log_interval_s: float = 30.0, metrics_host: str = "127.0.0.1",
+                 metrics_port: int | None = None, stop_grace_s: float = 30.0):
+        self.config = config
+        self.kafka = kafka
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.config_path = Path(config_path) if config_path is not None else None
+        self.config_poll_ms = config_poll_ms
+        self.totals_log_interval_s = totals_log_interval_s
+        self.metrics_host = metrics_host
+        self.metrics_port = metrics_port
+        #: How long a stop waits for :meth:`main` to settle what it holds.
+        self.stop_grace_s = stop_grace_s
+        self.log = get_logger(self.name)
+        self.started = False
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._side: set[asyncio.Task] = set()
+        #: Clear while :meth:`run` runs.
+        self._run_over = asyncio.Event()
+        self._run_over.set()
+        self._telemetry: TelemetryServer | None = None
+        self._config_mtime: float | None = None
+        self._reload_lock = asyncio.Lock()
+        #: Parts with a start/stop of their own (broker watch, topic keeper...),
+        #: stopped in reverse order by :meth:`stop`.
+        self._parts: list[Any] = []
+
+    # -- hooks -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, create topics, join groups (before the loops start)."""
+
+    async def main(self) -> None:
+        """The primary loop; returns once :attr:`stopping` is set and what it holds is settled."""
+        await self._stopping.wait()
+
+    def tasks(self) -> list[Coroutine[Any, Any, None]]:
+        """Loops beside :meth:`main`, cancelled once it returned."""
+        return []
+
+    async def close(self) -> None:
+        """Commit, leave the groups, disconnect (the loops have ended)."""
+
+    def totals_fields(self) -> dict[str, Any]:
+        """Figures of the ``<name>_totals`` and ``<name>_stopped`` lines."""
+        return {}
+
+    def readiness(self) -> tuple[bool, str]:
+        return self.started, "ok" if self.started else "not started"
+
+    async def apply(self, config) -> None:
+        """Install a new configuration; raise ConfigError to refuse it."""
+        raise NotImplementedError
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Serve /metrics, open the service, then mark it started."""
+        if self.metrics_port is not None and self._telemetry is None:
+            self._telemetry = TelemetryServer(self.registry, self.readiness,
+                                              host=self.metrics_host, port=self.metrics_port)
+            await self._telemetry.start()
+        if self.config_path is not None:
+            self._config_mtime = self._mtime()
+        await self.open()
+        self.started = True
+
+    def keep(self, part):
+        """Start ``part`` (a BrokerWatch, a TopicKeeper...) and stop it with the service."""
+        started = part.start()
+        self._parts.append(part)
+        return started if started is not None else part
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self._telemetry.url if self._telemetry else None
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to return (the signal handlers call this)."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        """Serve until :meth:`request_stop`; a loop that dies takes the service down.
+
+        :meth:`main` ends by itself after a stop request; the loops beside it
+        are cancelled then. A loop that raises stops the service and its
+        error comes out of here.
+        """
+        loops = [*self.tasks(), self._totals_loop()]
+        if self.config_path is not None and self.config_poll_ms > 0:
+            loops.append(self._watch_config())
+        self._run_over.clear()
+        self._tasks = [asyncio.create_task(c, name=f"{self.name}-{c.__name__}") for c in loops]
+        main = asyncio.create_task(self.main(), name=f"{self.name}-main")
+        try:
+            while True:
+                done, _ = await asyncio.wait([main, *self._tasks],
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if not t.cancelled() and t.exception() is not None:
+                        raise t.exception()
+                if main in done:
+                    return
+                self._tasks = [t for t in self._tasks if not t.done()]
+        finally:
+            if not main.done():
+                self._stopping.set()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(asyncio.shield(main), self.stop_grace_s)
+                await self._cancel([main])
+            await self._cancel(self._tasks)
+            self._run_over.set()
+
+    async def stop(self) -> None:
+        """Let :meth:`main` settle, stop the shared parts, close, log the totals."""
+        if not self.started:
+            return
+        self._stopping.set()
+        try:
+            await asyncio.wait_for(self._run_over.wait(), self.stop_grace_s)
+        except TimeoutError:
+            self.log.warning(f"{self.name}_stop_unsettled",
+                             detail=f"not settled in {self.stop_grace_s} s: the next owner "
+                                    "replays what was in hand")
+        await self._cancel(self._tasks)
+        for part in reversed(self._parts):
+            with contextlib.suppress(Exception):
+                await part.stop()
+        self._parts = []
+        try:
+            await self.close()
+        finally:
+            await self._cancel(list(self._side))
+            if self._telemetry is not None:
+                await self._telemetry.stop()
+                self._telemetry = None
+            self.started = False
+            self.log.info(f"{self.name}_stopped", **self.totals_fields())
+
+    def spawn(self, aw: Awaitable[Any], what: str) -> None:
+        """Run ``aw`` beside the loops; its failure is logged, never lost (cancelled on stop)."""
+        task = asyncio.ensure_future(aw)
+        self._side.add(task)
+
+        def done(t: asyncio.Future) -> None:
+            self._side.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                self.log.warning(f"{what}_failed", error=repr(t.exception()))
+        task.add_done_callback(done)
+
+    @staticmethod
+    async def _cancel(tasks: list[asyncio.Task]) -> None:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    async def _totals_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.totals_log_interval_s)
+            self.log.info(f"{self.name}_totals", **self.totals_fields())
+
+    # -- configuration -----------------------------------------------------------
+
+    def request_reload(self) -> None:
+        """Reload the configuration file soon (the SIGHUP handler)."""
+        self.spawn(self.reload(), "config_reload")
+
+    async def reload(self, config=None) -> bool:
+        """Install ``config`` (default: re-read the file); False, logged, if refused.
+
+        A configuration that does not validate, or that :meth:`apply`
+        refuses, leaves the running one in force.
+        """
+        async with self._reload_lock:
+            try:
+                if config is None:
+                    if self.config_path is None:
+                        raise ConfigError(["no configuration file to reload from"])
+                    self._config_mtime = self._mtime()
+                    config = load_config(self.config_path)
+                await self.apply(config)
+            except ConfigError as e:
+                self._reloaded("refused")
+                self.log.error("config_reload_refused", problems=e.problems,
+                               detail="the running configuration stays in force")
+                return False
+            except NotImplementedError:
+                self.log.warning("reload_ignored", detail=f"a {self.name} does not reload; "
+                                 "restart it for a new configuration")
+                return False
+            except Exception as e:  # noqa: BLE001 - a failed reload must not stop the service
+                self._reloaded("refused")
+                self.log.error("config_reload_refused", error=repr(e),
+                               detail="the running configuration stays in force")
+                return False
+            self._reloaded("applied")
+            return True
+
+    def _reloaded(self, result: str) -> None:
+        reloads = getattr(getattr(self, "metrics", None), "reloads", None)
+        if reloads is not None:
+            reloads.labels(result).inc()
+
+    def _mtime(self) -> float | None:
+        try:
+            return self.config_path.stat().st_mtime if self.config_path else None
+        except OSError:
+            return None
+
+    async def _watch_config(self) -> None:
+        while True:
+            await asyncio.sleep(self.config_poll_ms / 1000)
+            mtime = self._mtime()
+            if mtime is not None and mtime != self._config_mtime:
+                await self.reload()
+
+
+async def serve(make: Callable[[KafkaSettings], Service], kafka: KafkaSettings) -> int:
+    """A service's command: its cluster (or an embedded broker), signals, run, stop.
+
+    Signal handlers are installed before start: a SIGTERM during start-up
+    must not kill the process with the default action (a stop then returns
+    right after start). SIGHUP reloads the configuration.
+    """
+    async with kafka_endpoint(kafka) as bootstrap:
+        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
+        service = make(kafka)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, service.request_reload)
+        async with service:
+            await service.run()
+    return 0
