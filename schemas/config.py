@@ -25,6 +25,7 @@ Example (the shipped ``examples/config.toml`` is fuller)::
     max_request_tokens = 2048
     latency_target_ms = 2000
     priority_cap = { enterprise = 9, free = 3 }
+    prompts = { search_query = "query: ", search_document = "passage: " }
 
     [orgs.acme]
     tier = "enterprise"
@@ -61,6 +62,8 @@ __all__ = [
 CostModel = Literal["requests", "tokens", "adaptive"]
 Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+\Z")]
 PositiveInt = Annotated[int, Meta(ge=1)]
+#: A prompt's name, as requests give it (``schemas.options.PromptName``).
+PromptKey = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+\Z")]
 
 #: The adaptive cost multiplies tokens by an org's measured cost per token
 #: relative to the endpoint's; the ratio is clamped to this range so one
@@ -121,6 +124,13 @@ class Endpoint(_Config):
     #: Smoothing of the adaptive cost's moving average (weight of a new sample).
     ema_alpha: Annotated[float, Meta(gt=0, le=1)] = 0.2
     partitions: Annotated[int, Meta(ge=1, le=1024)] = 4
+    #: Embed endpoints: the prompts a request may name (``input_type`` or
+    #: ``prompt_name``), name -> the text put before each input. Copy a
+    #: model's own prompts (config_sentence_transformers.json) here to offer
+    #: them; a name not listed is refused. Empty texts are allowed, so
+    #: clients that always send Cohere's ``input_type`` work with a model
+    #: that needs no prompt.
+    prompts: dict[PromptKey, Annotated[str, Meta(max_length=4096)]] = {}
 
 
 class Org(_Config):
@@ -225,6 +235,8 @@ def _check(cfg: Config) -> list[str]:
                 f"{where}.max_batch_tokens ({ep.max_batch_tokens}) cannot hold the largest "
                 f"request (max_request_tokens = {ep.max_request_tokens})"
             )
+        if ep.prompts and ep.kind != "embed":
+            problems.append(f"{where}.prompts: only embed endpoints take prompts")
         for tier in ep.priority_cap:
             if tier not in names:
                 problems.append(f"{where}.priority_cap: unknown tier {tier!r}")

@@ -20,6 +20,16 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from schemas.options import (
+    Dimensions,
+    EmbeddingTypes,
+    Encoding,
+    MaxTokensPerDoc,
+    PromptName,
+    PromptText,
+    Truncate,
+)
+
 __all__ = [
     "TERMINAL_STATUSES",
     "AdmittedRequest",
@@ -68,9 +78,22 @@ class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class EmbedInput(Message, kw_only=True, tag="embed"):
-    """Texts to embed; one vector per text comes back, in order."""
+    """Texts to embed; one vector per text comes back, in order.
+
+    The options (all optional, defaults as before they existed) are
+    described in :mod:`schemas.options`. ``prompt`` is set by admission
+    alone, from ``input_type``/``prompt_name`` and the endpoint's prompts.
+    """
 
     texts: Annotated[list[str], Meta(min_length=1)]
+    input_type: PromptName | None = None
+    prompt_name: PromptName | None = None
+    truncate: Truncate = "end"
+    normalize: bool | None = None
+    dimensions: Dimensions | None = None
+    embedding_types: EmbeddingTypes | None = None
+    encoding: Encoding = "float"
+    prompt: PromptText | None = None
 
 
 class RerankInput(Message, kw_only=True, tag="rerank"):
@@ -79,6 +102,11 @@ class RerankInput(Message, kw_only=True, tag="rerank"):
     query: str
     documents: Annotated[list[str], Meta(min_length=1)]
     top_n: Annotated[int, Meta(ge=1, le=2**63 - 1)] | None = None
+    #: Options (:mod:`schemas.options`): cut each document to this many tokens,
+    #: send the documents back with the ranking, which end to truncate.
+    max_tokens_per_doc: MaxTokensPerDoc | None = None
+    return_documents: bool = False
+    truncate: Truncate = "end"
 
 
 Input = EmbedInput | RerankInput
@@ -184,6 +212,17 @@ class Result(Message, kw_only=True):
     method: str | None = None
     model: str | None = None
     truncated: list[bool] | None = None
+    # -- embedding and rerank options (schemas.options, schemas.vectors) --
+    #: Values per vector after ``dimensions`` (binary types pack them 8 to a byte).
+    dimensions: Int64 | None = None
+    #: ``int8``/``uint8``/``binary``/``ubinary`` vectors as numbers, by type
+    #: (``embeddings`` keeps the float ones), when ``encoding`` is ``float``.
+    embeddings_by_type: dict[str, list[list[Int64]]] | None = None
+    #: Every requested type as one little-endian byte string per vector, when
+    #: ``encoding`` is ``base64``: base64 text in JSON, a binary in msgpack.
+    embeddings_packed: dict[str, list[bytes]] | None = None
+    #: Rerank with ``return_documents``: the documents, in ``ranking``'s order.
+    documents: list[str] | None = None
     tokens: Int64 | None = None
     batch_id: str | None = None
     worker: str | None = None
