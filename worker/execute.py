@@ -20,6 +20,17 @@ passed before the worker got to it is ``expired``; if the model raises on a
 micro-batch, each request in it is retried alone and only the ones that
 still raise are ``failed``. No request can take its batch down.
 
+Options (:mod:`schemas.options`) travel inside each request's input, so
+this layer applies them with no help from the service. Requests of one
+micro-batch whose options differ in what the model computes (prompt,
+truncation side, normalisation, dimensions) get a model call each; their
+embedding types and encoding are applied per request to its vectors
+(:mod:`worker.request_options`), int8/uint8 with ranges calibrated once per
+option set (:mod:`worker.calibration`). What admission checks is checked
+again here, since the model is the truth about itself: a ``dimensions``
+above the model's size and a ``truncate = "none"`` input longer than the
+model reads are ``invalid`` (``dimensions_too_large``, ``input_too_long``).
+
 The model runs in a thread (``run_in_thread``, by default
 ``asyncio.to_thread``) so the event loop keeps sending heartbeats and
 results while it computes.
@@ -36,8 +47,16 @@ from typing import Any
 import numpy as np
 
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, Result
-from worker.interface import Embedder, Reranker
+from worker.calibration import CALIBRATION_TEXTS, RangeCache
+from worker.interface import DEFAULT_OPTIONS, Embedder, EncodeOptions, Reranker
 from worker.microbatch import padded_tokens, plan_microbatches
+from worker.request_options import (
+    calibration_options,
+    embedding_fields,
+    encode_options,
+    refuses_truncation,
+    truncate_side,
+)
 
 __all__ = ["BatchExecutor", "MicrobatchStats", "Served"]
 
@@ -68,9 +87,13 @@ class _Pending:
     texts: list[str] = field(default_factory=list)
     vectors: list[Any] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    options: EncodeOptions = DEFAULT_OPTIONS
+    ranges: Any = None
     left: int = 0
     seconds: float = 0.0
     error: str | None = None
+    #: (reason, message) of an ``invalid`` answer found by the worker.
+    refusal: tuple[str, str] | None = None
     reported: bool = False
     #: When the first micro-batch with one of its texts started (epoch ms).
     started_ms: int | None = None
@@ -78,6 +101,16 @@ class _Pending:
 
 async def _inline(fn, /, *args, **kwargs):
     return fn(*args, **kwargs)
+
+
+def _encode_kwargs(options: EncodeOptions) -> dict[str, Any]:
+    # Options only when they differ from the defaults, so an embedder written
+    # before options existed still serves the requests that use none.
+    return {} if options == DEFAULT_OPTIONS else {"options": options}
+
+
+def _too_long_message(has: str, limit: int) -> str:
+    return f"{has}, more than the {limit} the model reads, and input.truncate is 'none'"
 
 
 def _now_ms() -> int:
@@ -92,7 +125,8 @@ class BatchExecutor:
                  window: int | None = None,
                  run_in_thread: RunInThread = asyncio.to_thread,
                  on_microbatch: Callable[[MicrobatchStats], None] | None = None,
-                 on_last_step: Callable[[Batch], None] | None = None):
+                 on_last_step: Callable[[Batch], None] | None = None,
+                 calibration_texts: list[str] | tuple[str, ...] = CALIBRATION_TEXTS):
         if kind not in ("embed", "rerank"):
             raise ValueError(f"kind must be 'embed' or 'rerank', got {kind!r}")
         self.model = model
@@ -107,6 +141,8 @@ class BatchExecutor:
         self._on_microbatch = on_microbatch or (lambda s: None)
         #: Called as a batch's last model call starts (the worker returns its credit then).
         self._on_last_step = on_last_step or (lambda b: None)
+        #: int8/uint8 ranges per option set (worker.calibration).
+        self.calibration = RangeCache(calibration_texts)
 
     async def serve(self, batch: Batch) -> AsyncIterator[list[Served]]:
         """Yield the results completed by each step, in run order; every request once."""
@@ -143,24 +179,32 @@ class BatchExecutor:
         texts: list[str] = []
         owner: list[tuple[int, int]] = []  # text index -> (request, position)
         for i, p in enumerate(pending):
-            p.texts = p.req.input.texts  # type: ignore[union-attr]
+            inp: EmbedInput = p.req.input  # type: ignore[assignment]
+            p.texts = inp.texts
             p.vectors = [None] * len(p.texts)
             p.truncated = [False] * len(p.texts)
             p.left = len(p.texts)
+            p.options = encode_options(inp)
+            if inp.dimensions is not None and inp.dimensions > model.dimension:
+                p.refusal = ("dimensions_too_large",
+                             (f"input.dimensions = {inp.dimensions} is above the "
+                              f"{model.dimension} dimensions of model {model.name!r}"))
             for j, t in enumerate(p.texts):
                 owner.append((i, j))
                 texts.append(t)
         lengths = await self._lengths(texts, owner, pending)
+        self._refuse_too_long(pending, owner, lengths, model.max_seq_length)
+        await self._calibrate(pending)
         if done := self._take_done(pending, range(len(pending))):
             yield [self._from_pending(batch, p) for p in done]
-        live = [k for k in range(len(texts)) if pending[owner[k][0]].error is None]
+        live = [k for k in range(len(texts)) if not self._stopped(pending[owner[k][0]])]
         plan = plan_microbatches([lengths[k] for k in live],
                                  max_padded_tokens=self.max_padded_tokens,
                                  max_size=self.max_size, order="given",
                                  max_seq_length=model.max_seq_length, window=self.window)
         for n, group in enumerate(plan):
             # Texts of a request that already failed are not worth computing.
-            idx = [live[g] for g in group if pending[owner[live[g]][0]].error is None]
+            idx = [live[g] for g in group if not self._stopped(pending[owner[live[g]][0]])]
             if not idx:
                 continue
             if n == len(plan) - 1:
@@ -170,47 +214,107 @@ class BatchExecutor:
                 yield [self._from_pending(batch, p) for p in done]
 
     @staticmethod
+    def _stopped(p: _Pending) -> bool:
+        return p.error is not None or p.refusal is not None
+
+    @staticmethod
+    def _refuse_too_long(pending: list[_Pending], owner, lengths: list[int], limit: int) -> None:
+        """``truncate = "none"`` inputs the model would cut are ``invalid``, as at admission."""
+        for k, (i, j) in enumerate(owner):
+            p = pending[i]
+            if p.refusal is None and p.error is None and lengths[k] > limit \
+                    and refuses_truncation(p.req.input):  # type: ignore[arg-type]
+                p.refusal = ("input_too_long", _too_long_message(
+                    f"input.texts[{j}] has {lengths[k]} tokens", limit))
+
+    async def _calibrate(self, pending: list[_Pending]) -> None:
+        """Ranges for every request that asks for int8/uint8 (computed once per option set)."""
+        model: Embedder = self.model  # type: ignore[assignment]
+
+        def embed(texts: list[str], options: EncodeOptions) -> np.ndarray:
+            return model.encode(texts, **_encode_kwargs(options)).vectors
+
+        for p in pending:
+            key = None if self._stopped(p) else calibration_options(p.req.input)  # type: ignore[arg-type]
+            if key is None:
+                continue
+            ranges = self.calibration.cached(key)
+            if ranges is None:
+                try:
+                    ranges = await self._thread(self.calibration.get, key, embed)
+                except Exception as e:  # noqa: BLE001 - contained: this request fails alone
+                    p.error = f"calibration failed: {type(e).__name__}: {e}"
+                    continue
+            p.ranges = ranges
+
+    @staticmethod
     def _take_done(pending: list[_Pending], candidates) -> list[_Pending]:
-        """Requests that just became complete (or failed), each reported once."""
+        """Requests that just became complete (or failed, or were refused), each reported once."""
         out = []
         for i in candidates:
             p = pending[i]
-            if not p.reported and (p.error is not None or p.left <= 0):
+            if not p.reported and (p.error is not None or p.refusal is not None or p.left <= 0):
                 p.reported = True
                 out.append(p)
         return out
 
     async def _lengths(self, texts: list[str], owner, pending: list[_Pending]) -> list[int]:
         model: Embedder = self.model  # type: ignore[assignment]
-        # Any error of a third-party model is contained to the request that caused it.
-        try:
-            return list(await self._thread(model.token_lengths, texts))
-        except Exception:  # noqa: BLE001 - one request broke the tokenizer: find it below
-            lengths = [0] * len(texts)
-        for i, p in enumerate(pending):
-            ks = [k for k, (o, _) in enumerate(owner) if o == i]
+        lengths = [0] * len(texts)
+        by_prompt: dict[str | None, list[int]] = {}
+        for k, (i, _) in enumerate(owner):
+            by_prompt.setdefault(pending[i].options.prompt, []).append(k)
+        for prompt, ks in by_prompt.items():
+            # Any error of a third-party model is contained to the request that caused it.
             try:
-                got = await self._thread(model.token_lengths, [texts[k] for k in ks])
-            except Exception as e:  # noqa: BLE001 - contained: this request fails alone
-                p.error = f"tokenizer failed: {type(e).__name__}: {e}"
+                got = await self._thread(self._token_lengths, model, [texts[k] for k in ks], prompt)
+            except Exception:  # noqa: BLE001 - one request broke the tokenizer: find it below
+                got = None
+            if got is not None:
+                for k, n in zip(ks, got):
+                    lengths[k] = n
                 continue
-            for k, n in zip(ks, got):
-                lengths[k] = n
+            for i in sorted({owner[k][0] for k in ks}):
+                mine = [k for k in ks if owner[k][0] == i]
+                try:
+                    one = await self._thread(self._token_lengths, model,
+                                             [texts[k] for k in mine], prompt)
+                except Exception as e:  # noqa: BLE001 - contained: this request fails alone
+                    pending[i].error = f"tokenizer failed: {type(e).__name__}: {e}"
+                    continue
+                for k, n in zip(mine, one):
+                    lengths[k] = n
         return lengths
+
+    @staticmethod
+    def _token_lengths(model: Embedder, texts: list[str], prompt: str | None) -> list[int]:
+        if prompt is None:
+            return list(model.token_lengths(texts))
+        return list(model.token_lengths(texts, prompt=prompt))
 
     async def _encode_group(self, model: Embedder, texts, lengths, idx: list[int], owner,
                             pending: list[_Pending]) -> list[int]:
-        """Encode one micro-batch; on a model error, each request's texts alone."""
+        """Encode one micro-batch, a model call per option set; on a model error,
+        each request's texts alone."""
         touched = sorted({owner[k][0] for k in idx})
-        sub = [texts[k] for k in idx]
-        sub_len = [lengths[k] for k in idx]
         started = _now_ms()
         for i in touched:
             if pending[i].started_ms is None:
                 pending[i].started_ms = started
+        calls: dict[EncodeOptions, list[int]] = {}
+        for k in idx:
+            calls.setdefault(pending[owner[k][0]].options, []).append(k)
+        for options, ks in calls.items():
+            await self._encode_call(model, texts, lengths, ks, options, owner, pending)
+        return touched
+
+    async def _encode_call(self, model: Embedder, texts, lengths, idx: list[int],
+                           options: EncodeOptions, owner, pending: list[_Pending]) -> None:
+        extra = _encode_kwargs(options)
         t0 = time.perf_counter()
         try:
-            out = await self._thread(model.encode, sub, lengths=sub_len)
+            out = await self._thread(model.encode, [texts[k] for k in idx],
+                                     lengths=[lengths[k] for k in idx], **extra)
         except Exception:  # noqa: BLE001 - retried request by request below
             out = None
         if out is not None:
@@ -218,13 +322,13 @@ class BatchExecutor:
             self._account(seconds, idx, lengths, owner, pending, model.max_seq_length)
             for row, k in enumerate(idx):
                 self._place(pending, owner[k], out.vectors[row], out.truncated[row])
-            return touched
-        for i in touched:
+            return
+        for i in sorted({owner[k][0] for k in idx}):
             ks = [k for k in idx if owner[k][0] == i]
             t0 = time.perf_counter()
             try:
                 one = await self._thread(model.encode, [texts[k] for k in ks],
-                                         lengths=[lengths[k] for k in ks])
+                                         lengths=[lengths[k] for k in ks], **extra)
             except Exception as e:  # noqa: BLE001 - contained: this request fails alone
                 pending[i].error = f"model failed: {type(e).__name__}: {e}"
                 pending[i].left = 0
@@ -233,7 +337,6 @@ class BatchExecutor:
                           model.max_seq_length)
             for row, k in enumerate(ks):
                 self._place(pending, owner[k], one.vectors[row], one.truncated[row])
-        return touched
 
     def _account(self, seconds: float, idx, lengths, owner, pending, max_seq: int) -> None:
         capped = [min(lengths[k], max_seq) for k in idx]
@@ -253,34 +356,55 @@ class BatchExecutor:
         p.truncated[j] = bool(truncated)
 
     def _from_pending(self, batch: Batch, p: _Pending) -> Served:
+        if p.refusal is not None:
+            return self._final(p.req, batch, "invalid", reason=p.refusal[0], message=p.refusal[1])
         if p.error is not None:
             return self._final(p.req, batch, "failed", reason="model_error", message=p.error,
                                seconds=p.seconds, started_ms=p.started_ms)
         vectors = np.asarray(p.vectors, dtype=np.float32)
+        try:
+            fields = embedding_fields(vectors, p.req.input,  # type: ignore[arg-type]
+                                      lambda: p.ranges)
+        except Exception as e:  # noqa: BLE001 - contained: this request fails alone
+            return self._final(p.req, batch, "failed", reason="model_error", seconds=p.seconds,
+                               started_ms=p.started_ms,
+                               message=f"encoding the result failed: {type(e).__name__}: {e}")
         return self._final(p.req, batch, "ok", seconds=p.seconds, started_ms=p.started_ms,
-                           embeddings=vectors.tolist(), truncated=p.truncated)
+                           truncated=p.truncated, **fields)
 
     # -- rerank ----------------------------------------------------------------
 
     async def _rerank(self, batch: Batch, req: AdmittedRequest) -> Served:
         model: Reranker = self.model  # type: ignore[assignment]
         inp: RerankInput = req.input  # type: ignore[assignment]
+        side = truncate_side(inp)
+        extra = {} if side == "end" else {"truncate": side}
+        limit = model.max_seq_length
         t0 = time.perf_counter()
         started_ms = _now_ms()
         try:
-            lengths = await self._thread(model.token_lengths, inp.query, inp.documents)
+            documents = inp.documents
+            if inp.max_tokens_per_doc is not None:
+                documents = await self._thread(model.cut_documents, documents,
+                                               inp.max_tokens_per_doc)
+            lengths = await self._thread(model.token_lengths, inp.query, documents)
+            if refuses_truncation(inp):
+                for i, n in enumerate(lengths):
+                    if n > limit:
+                        return self._too_long(req, batch, f"input.documents[{i}]", n, limit,
+                                              started_ms)
             plan = plan_microbatches(lengths, max_padded_tokens=self.max_padded_tokens,
-                                     max_size=self.max_size, max_seq_length=model.max_seq_length)
-            scores: list[float] = [0.0] * len(inp.documents)
-            truncated = [False] * len(inp.documents)
-            step = model.score_groups(inp.query, inp.documents, plan, lengths=lengths)
+                                     max_size=self.max_size, max_seq_length=limit)
+            scores: list[float] = [0.0] * len(documents)
+            truncated = [False] * len(documents)
+            step = model.score_groups(inp.query, documents, plan, lengths=lengths, **extra)
             while True:
                 t1 = time.perf_counter()
                 item = await self._thread(next, step, None)
                 if item is None:
                     break
                 indices, out = item
-                capped = [min(lengths[i], model.max_seq_length) for i in indices]
+                capped = [min(lengths[i], limit) for i in indices]
                 self._on_microbatch(MicrobatchStats(
                     time.perf_counter() - t1, sum(capped),
                     padded_tokens([list(range(len(capped)))], capped)))
@@ -291,12 +415,23 @@ class BatchExecutor:
             return self._final(req, batch, "failed", reason="model_error",
                                message=f"model failed: {type(e).__name__}: {e}",
                                seconds=time.perf_counter() - t0, started_ms=started_ms)
+        if refuses_truncation(inp) and any(truncated):
+            # What the lengths did not show (a cosine reranker's query): cut all the same.
+            return self._too_long(req, batch, "input.query or a document", None, limit,
+                                  started_ms)
         ranking = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         if inp.top_n is not None:
             ranking = ranking[: inp.top_n]
+        more = {"documents": [inp.documents[i] for i in ranking]} if inp.return_documents else {}
         return self._final(req, batch, "ok", seconds=time.perf_counter() - t0, scores=scores,
                            ranking=ranking, truncated=truncated, method=model.method,
-                           started_ms=started_ms)
+                           started_ms=started_ms, **more)
+
+    def _too_long(self, req: AdmittedRequest, batch: Batch, what: str, n: int | None,
+                  limit: int, started_ms: int | None = None) -> Served:
+        has = f"{what} has {n} tokens" if n is not None else f"{what} has too many tokens"
+        return self._final(req, batch, "invalid", reason="input_too_long",
+                           message=_too_long_message(has, limit), started_ms=started_ms)
 
     # -- results ---------------------------------------------------------------
 

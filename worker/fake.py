@@ -10,6 +10,10 @@ microseconds yet behaves like one where it matters:
   of the lower-cased word, so the same text always gives the same vector on
   any machine, and documents sharing words with a query score higher with
   :class:`FakeReranker`;
+- the options behave as on a real model whose last module normalizes: a
+  prompt is put before the text, ``truncate="start"`` keeps the last words,
+  ``normalize=False`` returns the raw sum, ``dimensions`` keeps the first
+  values (normalized again with ``normalize=True``);
 - service time is simulated as ``ms_per_batch + ms_per_token * padded tokens``
   (batch size times its longest text), the shape of a real encoder's cost, so
   length-sorted micro-batching pays off with the fake as it does on a GPU.
@@ -25,6 +29,7 @@ Spec strings: ``"fake"`` or ``"fake:dim=32,ms_per_token=0.05"`` (keys: ``dim``,
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -32,13 +37,22 @@ from typing import Any
 
 import numpy as np
 
-from worker.interface import CosineReranker, Embedder, EncodeOutput, flag_truncated
+from worker.interface import (
+    DEFAULT_OPTIONS,
+    CosineReranker,
+    Embedder,
+    EncodeOptions,
+    EncodeOutput,
+    flag_truncated,
+)
 
 __all__ = [
+    "FAKE_DIM",
     "FAKE_MAX_SEQ_LENGTH",
     "FAKE_SPEC",
     "FakeEmbedder",
     "FakeReranker",
+    "cut_words",
     "is_fake_spec",
     "parse_fake_spec",
     "whitespace_token_count",
@@ -46,6 +60,7 @@ __all__ = [
 
 FAKE_SPEC = "fake"
 FAKE_MAX_SEQ_LENGTH = 256
+FAKE_DIM = 32
 
 #: Words the fake's table holds before it starts afresh.
 _TABLE_WORDS = 1 << 16
@@ -92,6 +107,17 @@ def whitespace_token_count(text: str) -> int:
     return len(text.split())
 
 
+_WORD = re.compile(r"\S+")
+
+
+def cut_words(text: str, max_tokens: int) -> str:
+    """``text`` up to the end of its ``max_tokens``-th word (the fake models' tokens)."""
+    for n, match in enumerate(_WORD.finditer(text), start=1):
+        if n == max_tokens:
+            return text[: match.end()]
+    return text
+
+
 @lru_cache(maxsize=1 << 16)
 def _word_vector(word: str, dim: int) -> np.ndarray:
     seed = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
@@ -106,7 +132,7 @@ class FakeEmbedder(Embedder):
     def __init__(
         self,
         *,
-        dim: int = 32,
+        dim: int = FAKE_DIM,
         max_seq_length: int = FAKE_MAX_SEQ_LENGTH,
         ms_per_token: float = 0.0,
         ms_per_batch: float = 0.0,
@@ -146,8 +172,12 @@ class FakeEmbedder(Embedder):
         """True at zero service time: nothing to wait for, so no thread to wait in."""
         return self.ms_per_token == 0 and self.ms_per_batch == 0
 
-    def token_lengths(self, texts: Sequence[str]) -> list[int]:
-        return [whitespace_token_count(text) for text in texts]
+    def token_lengths(self, texts: Sequence[str], *, prompt: str | None = None) -> list[int]:
+        head = prompt or ""
+        return [whitespace_token_count(head + text) for text in texts]
+
+    def cut_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        return [cut_words(text, max_tokens) for text in texts]
 
     def service_seconds(self, lengths: Sequence[int]) -> float:
         """Simulated time of one call on texts of these token lengths."""
@@ -156,33 +186,33 @@ class FakeEmbedder(Embedder):
         longest = min(max(lengths), self._max_seq_length)
         return (self.ms_per_batch + self.ms_per_token * len(lengths) * longest) / 1000.0
 
-    def _vector(self, text: str) -> np.ndarray:
-        words = text.lower().split()[: self._max_seq_length]
-        vector = np.zeros(self._dim, dtype=np.float32)
-        for word in words:
-            vector += _word_vector(word, self._dim)
-        norm = float(np.linalg.norm(vector))
-        return vector / norm if norm > 0 else vector
-
-    def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None) -> EncodeOutput:
+    def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None,
+               options: EncodeOptions = DEFAULT_OPTIONS) -> EncodeOutput:
         if lengths is None:
-            lengths = self.token_lengths(texts)
+            lengths = self.token_lengths(texts, prompt=options.prompt)
         delay = self.service_seconds(lengths)
         if delay > 0:
             self.simulated_seconds += delay
             self._sleep(delay)
-        return EncodeOutput(self._vectors(texts), flag_truncated(lengths, self._max_seq_length))
+        return EncodeOutput(self._vectors(texts, options),
+                            flag_truncated(lengths, self._max_seq_length))
 
-    def _vectors(self, texts: Sequence[str]) -> np.ndarray:
-        """:meth:`_vector` of every text: one gather and one sum per text, in numpy.
+    def _vectors(self, texts: Sequence[str], options: EncodeOptions = DEFAULT_OPTIONS
+                 ) -> np.ndarray:
+        """Every text's vector: one gather and one sum per text, in numpy.
 
         A benchmark's "model at zero time" must cost next to nothing: word by
         word in Python this was most of a zero-time worker's CPU. Word vectors
         are rows of a table that grows with the words seen (bounded by the
-        word cache), looked up by index.
+        word cache), looked up by index. The options as the module docstring
+        says: prompt first, the last words kept with ``truncate="start"``,
+        normalized unless ``normalize=False``, then cut to ``dimensions`` (and
+        normalized again with ``normalize=True``).
         """
         vectors = np.zeros((len(texts), self._dim), dtype=np.float32)
-        split = [text.lower().split()[: self._max_seq_length] for text in texts]
+        head, cap = options.prompt or "", self._max_seq_length
+        split = [(head + text).lower().split() for text in texts]
+        split = [w[-cap:] if options.truncate == "start" else w[:cap] for w in split]
         if len(self._index) + sum(map(len, split)) > _TABLE_WORDS:
             self._index.clear()  # start afresh before this call's words, never during
         index = self._index
@@ -201,9 +231,12 @@ class FakeEmbedder(Embedder):
                 ids.append(i)
         if ids:
             sums = np.add.reduceat(self._table[ids], starts, axis=0)
-            norms = np.linalg.norm(sums, axis=1, keepdims=True)
-            vectors[rows] = np.divide(sums, norms, out=np.zeros_like(sums), where=norms > 0)
-        return vectors
+            vectors[rows] = sums if options.normalize is False else _unit_rows(sums)
+        if options.dimensions is not None:
+            vectors = vectors[:, : options.dimensions]
+            if options.normalize:
+                vectors = _unit_rows(vectors)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def _learn(self, word: str) -> int:
         """A row of the word table for ``word``."""
@@ -217,6 +250,11 @@ class FakeEmbedder(Embedder):
         self._table[i] = _word_vector(word, self._dim)
         self._index[word] = i
         return i
+
+
+def _unit_rows(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
 
 
 class FakeReranker(CosineReranker):

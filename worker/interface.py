@@ -20,6 +20,12 @@ text longer than ``max_seq_length`` is reported as truncated instead of being
 silently cut. Passing the lengths back (``lengths=``) saves a second
 tokenization.
 
+Request options reach the model as :class:`EncodeOptions` (a prompt, which
+end to truncate, normalisation, Matryoshka dimensions) and, for rerankers,
+a ``truncate`` side and :meth:`Reranker.cut_documents`. Callers pass them
+only when they differ from the defaults, so an implementation written
+before options existed keeps working for requests that use none.
+
 This module imports numpy and the standard library only: no torch.
 """
 
@@ -32,8 +38,10 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 
 __all__ = [
+    "DEFAULT_OPTIONS",
     "CosineReranker",
     "Embedder",
+    "EncodeOptions",
     "EncodeOutput",
     "RerankMethod",
     "RerankOutput",
@@ -42,6 +50,28 @@ __all__ = [
 ]
 
 RerankMethod = Literal["cross-encoder", "cosine"]
+TruncateSide = Literal["end", "start"]
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeOptions:
+    """How one model call embeds its texts; equal options can share a call.
+
+    ``prompt``: text put before each input (None: the model's default
+    prompt, if it has one). ``truncate``: which end of a too-long input is
+    cut. ``normalize``: None keeps the model's own behaviour, True scales
+    each vector to length 1 (after ``dimensions``), False skips any
+    normalisation, the model's own Normalize module included.
+    ``dimensions``: keep the first N values (None: all).
+    """
+
+    prompt: str | None = None
+    truncate: TruncateSide = "end"
+    normalize: bool | None = None
+    dimensions: int | None = None
+
+
+DEFAULT_OPTIONS = EncodeOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +127,18 @@ class Embedder(Protocol):
         """Tokens read per text (special tokens included); the rest is truncated."""
         ...
 
-    def token_lengths(self, texts: Sequence[str]) -> list[int]:
-        """Tokens per text with special tokens, not truncated."""
+    def token_lengths(self, texts: Sequence[str], *, prompt: str | None = None) -> list[int]:
+        """Tokens per text with special tokens (and ``prompt`` before it), not truncated."""
         ...
 
-    def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None) -> EncodeOutput:
+    def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None,
+               options: EncodeOptions = DEFAULT_OPTIONS) -> EncodeOutput:
         """Embed ``texts`` in one model call (``lengths``: from token_lengths, if known)."""
+        ...
+
+    def cut_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """Each text cut after its first ``max_tokens`` tokens (special tokens not
+        counted); shorter texts unchanged."""
         ...
 
     def encode_groups(
@@ -145,9 +181,10 @@ class Reranker(Protocol):
         ...
 
     def score(
-        self, query: str, documents: Sequence[str], *, lengths: Sequence[int] | None = None
+        self, query: str, documents: Sequence[str], *, lengths: Sequence[int] | None = None,
+        truncate: TruncateSide = "end",
     ) -> RerankOutput:
-        """Score all ``documents`` in one model call."""
+        """Score all ``documents`` in one model call, cutting ``truncate``'s end of a too-long input."""
         ...
 
     def score_groups(
@@ -157,12 +194,19 @@ class Reranker(Protocol):
         groups: Sequence[Sequence[int]],
         *,
         lengths: Sequence[int] | None = None,
+        truncate: TruncateSide = "end",
     ) -> Iterator[tuple[list[int], RerankOutput]]:
         """Score each micro-batch of document indices in turn, one call each."""
+        extra = {} if truncate == "end" else {"truncate": truncate}
         for group in groups:
             indices = list(group)
             sub_lengths = None if lengths is None else _pick(lengths, indices)
-            yield indices, self.score(query, _pick(documents, indices), lengths=sub_lengths)
+            yield indices, self.score(query, _pick(documents, indices), lengths=sub_lengths,
+                                      **extra)
+
+    def cut_documents(self, documents: Sequence[str], max_tokens: int) -> list[str]:
+        """Each document cut after its first ``max_tokens`` tokens (``max_tokens_per_doc``)."""
+        ...
 
 
 def _cosine(query: np.ndarray, docs: np.ndarray) -> np.ndarray:
@@ -201,11 +245,16 @@ class CosineReranker(Reranker):
     def token_lengths(self, query: str, documents: Sequence[str]) -> list[int]:
         return self.embedder.token_lengths(documents)
 
+    def cut_documents(self, documents: Sequence[str], max_tokens: int) -> list[str]:
+        return self.embedder.cut_texts(documents, max_tokens)
+
     def score(
-        self, query: str, documents: Sequence[str], *, lengths: Sequence[int] | None = None
+        self, query: str, documents: Sequence[str], *, lengths: Sequence[int] | None = None,
+        truncate: TruncateSide = "end",
     ) -> RerankOutput:
         groups = [range(len(documents))]
-        _, output = next(self.score_groups(query, documents, groups, lengths=lengths))
+        _, output = next(self.score_groups(query, documents, groups, lengths=lengths,
+                                           truncate=truncate))
         return output
 
     def score_groups(
@@ -215,12 +264,18 @@ class CosineReranker(Reranker):
         groups: Sequence[Sequence[int]],
         *,
         lengths: Sequence[int] | None = None,
+        truncate: TruncateSide = "end",
     ) -> Iterator[tuple[list[int], RerankOutput]]:
         if not any(len(g) for g in groups):
             yield from ((list(g), RerankOutput([], [])) for g in groups)
             return
-        q = self.embedder.encode([query])
+        # Options only when asked: an embedder written before options existed still works.
+        extra = {} if truncate == "end" else {"options": EncodeOptions(truncate=truncate)}
+        q = self.embedder.encode([query], **extra)
         q_vec, q_cut = q.vectors[0], q.truncated[0]
-        for indices, out in self.embedder.encode_groups(documents, groups, lengths=lengths):
+        for group in groups:
+            indices = list(group)
+            sub = None if lengths is None else _pick(lengths, indices)
+            out = self.embedder.encode(_pick(documents, indices), lengths=sub, **extra)
             scores = _cosine(q_vec, out.vectors).tolist() if indices else []
             yield indices, RerankOutput(scores, [q_cut or cut for cut in out.truncated])

@@ -17,13 +17,22 @@ spec resolution and the admission tokenizer must stay usable without it.
 Scores and vectors are exactly those of ``SentenceTransformer.encode`` and
 ``CrossEncoder.predict`` on the same inputs; this layer adds micro-batching,
 token counts and truncation flags, never its own normalization.
+
+Options map onto sentence-transformers as follows (a test checks each one
+against ``SentenceTransformer.encode``): ``prompt`` -> ``prompt=``,
+``normalize=True`` -> ``normalize_embeddings=True``, ``dimensions`` ->
+``truncate_dim=``, ``truncate="start"`` -> the tokenizer's
+``truncation_side = "left"`` for that call (sentence-transformers has no
+argument for it), ``normalize=False`` -> the same model without its
+Normalize module (the modules are shared, not copied).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -31,8 +40,10 @@ import numpy as np
 
 from worker.fake import FakeEmbedder, FakeReranker, is_fake_spec, parse_fake_spec
 from worker.interface import (
+    DEFAULT_OPTIONS,
     CosineReranker,
     Embedder,
+    EncodeOptions,
     EncodeOutput,
     Reranker,
     RerankMethod,
@@ -55,6 +66,7 @@ __all__ = [
     "detect_model_kind",
     "load_embedder",
     "load_reranker",
+    "model_dimension",
     "model_max_seq_length",
     "resolve_model_path",
 ]
@@ -176,6 +188,69 @@ def model_max_seq_length(folder: str) -> int | None:
     return int(positions) if positions else None
 
 
+_POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens",
+                  "weightedmean_tokens", "lasttoken")
+
+
+def model_dimension(folder: str) -> int | None:
+    """The size of the vectors a local sentence-transformers folder produces, read
+    from its module configs (Pooling, then any Dense); None when they do not say.
+
+    Lets admission refuse a ``dimensions`` above the model's size without
+    loading the model.
+    """
+    path = Path(folder)
+    try:
+        modules = json.loads((path / "modules.json").read_text())
+    except (OSError, ValueError):
+        return None
+    dimension: int | None = None
+    for module in modules if isinstance(modules, list) else []:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        config = _read_json(path / str(module.get("path", "")) / "config.json")
+        if kind == "Pooling":
+            base = config.get("word_embedding_dimension") or config.get("embedding_dimension")
+            mode = config.get("pooling_mode")
+            if isinstance(mode, str):
+                modes = 1
+            elif isinstance(mode, list):
+                modes = len(mode)
+            else:
+                modes = sum(bool(config.get(f"pooling_mode_{m}")) for m in _POOLING_MODES)
+            dimension = int(base) * max(modes, 1) if base else None
+        elif kind == "Dense":
+            out = config.get("out_features")
+            dimension = int(out) if out else None
+    return dimension
+
+
+@contextlib.contextmanager
+def _truncation_side(tokenizer, side: str) -> Iterator[None]:
+    """The tokenizer cuts ``side`` ("end" or "start") for the duration of one call."""
+    wanted = "left" if side == "start" else "right"
+    before = getattr(tokenizer, "truncation_side", "right")
+    if wanted == before:
+        yield
+        return
+    tokenizer.truncation_side = wanted
+    try:
+        yield
+    finally:
+        tokenizer.truncation_side = before
+
+
+def _cut_with_offsets(tokenizer, texts: Sequence[str], max_tokens: int) -> list[str]:
+    """Each text up to the end of its ``max_tokens``-th token, by the tokenizer's offsets."""
+    if not texts:
+        return []
+    encoding = tokenizer(list(texts), add_special_tokens=False, truncation=False, padding=False,
+                         return_offsets_mapping=True, verbose=False)
+    out = []
+    for text, offsets in zip(texts, encoding["offset_mapping"]):
+        out.append(text if len(offsets) <= max_tokens else text[: offsets[max_tokens - 1][1]])
+    return out
+
+
 def _lengths_from_encoding(encoding) -> list[int]:
     return [len(ids) for ids in encoding["input_ids"]]
 
@@ -206,6 +281,7 @@ class SentenceTransformerEmbedder(Embedder):
         prompt_name = self.model.default_prompt_name
         # encode() prepends the default prompt, if the model has one: count it.
         self._prompt = self.model.prompts.get(prompt_name, "") if prompt_name else ""
+        self._unnormalized: SentenceTransformer | None = None
 
     @property
     def name(self) -> str:
@@ -219,20 +295,49 @@ class SentenceTransformerEmbedder(Embedder):
     def max_seq_length(self) -> int:
         return int(self.model.max_seq_length)
 
-    def token_lengths(self, texts: Sequence[str]) -> list[int]:
+    def token_lengths(self, texts: Sequence[str], *, prompt: str | None = None) -> list[int]:
         if not texts:
             return []
-        batch = [self._prompt + text for text in texts] if self._prompt else list(texts)
+        head = self._prompt if prompt is None else prompt
+        batch = [head + text for text in texts] if head else list(texts)
         return _lengths_from_encoding(self.model.tokenizer(batch, **_COUNT_KWARGS))
 
-    def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None) -> EncodeOutput:
+    def cut_texts(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        return _cut_with_offsets(self.model.tokenizer, texts, max_tokens)
+
+    def _without_normalize(self) -> SentenceTransformer:
+        """The model minus its Normalize modules (shared modules; the model itself if none)."""
+        if self._unnormalized is None:
+            from sentence_transformers import SentenceTransformer
+
+            try:
+                from sentence_transformers.sentence_transformer.modules import Normalize
+            except ImportError:  # sentence-transformers < 6
+                from sentence_transformers.models import Normalize
+            kept = [m for m in self.model if not isinstance(m, Normalize)]
+            self._unnormalized = self.model if len(kept) == len(self.model) else \
+                SentenceTransformer(modules=kept, device=self.device)
+        return self._unnormalized
+
+    def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None,
+               options: EncodeOptions = DEFAULT_OPTIONS) -> EncodeOutput:
+        width = min(options.dimensions or self._dimension, self._dimension)
         if not texts:
-            return EncodeOutput(np.zeros((0, self._dimension), dtype=np.float32), [])
+            return EncodeOutput(np.zeros((0, width), dtype=np.float32), [])
         if lengths is None:
-            lengths = self.token_lengths(texts)
-        vectors = self.model.encode(
-            list(texts), batch_size=len(texts), show_progress_bar=False, convert_to_numpy=True
-        )
+            lengths = self.token_lengths(texts, prompt=options.prompt)
+        model, prompt = self.model, options.prompt
+        if options.normalize is False:
+            model = self._without_normalize()
+            # The stripped copy has no default prompt of its own: give the model's.
+            if prompt is None and self._prompt:
+                prompt = self._prompt
+        with _truncation_side(self.model.tokenizer, options.truncate):
+            vectors = model.encode(
+                list(texts), batch_size=len(texts), show_progress_bar=False,
+                convert_to_numpy=True, prompt=prompt,
+                normalize_embeddings=bool(options.normalize), truncate_dim=options.dimensions,
+            )
         return EncodeOutput(
             np.asarray(vectors, dtype=np.float32), flag_truncated(lengths, self.max_seq_length)
         )
@@ -279,19 +384,24 @@ class CrossEncoderReranker(Reranker):
         encoding = self.model.tokenizer([query] * len(documents), list(documents), **_COUNT_KWARGS)
         return _lengths_from_encoding(encoding)
 
+    def cut_documents(self, documents: Sequence[str], max_tokens: int) -> list[str]:
+        return _cut_with_offsets(self.model.tokenizer, documents, max_tokens)
+
     def score(
-        self, query: str, documents: Sequence[str], *, lengths: Sequence[int] | None = None
+        self, query: str, documents: Sequence[str], *, lengths: Sequence[int] | None = None,
+        truncate: str = "end",
     ) -> RerankOutput:
         if not documents:
             return RerankOutput([], [])
         if lengths is None:
             lengths = self.token_lengths(query, documents)
-        scores = self.model.predict(
-            [(query, doc) for doc in documents],
-            batch_size=len(documents),
-            show_progress_bar=False,
-            convert_to_numpy=True,
-        )
+        with _truncation_side(self.model.tokenizer, truncate):
+            scores = self.model.predict(
+                [(query, doc) for doc in documents],
+                batch_size=len(documents),
+                show_progress_bar=False,
+                convert_to_numpy=True,
+            )
         return RerankOutput(
             np.asarray(scores, dtype=np.float64).reshape(-1).tolist(),
             flag_truncated(lengths, self._max_seq_length),

@@ -26,12 +26,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from worker.fake import (
+    FAKE_DIM,
     FAKE_MAX_SEQ_LENGTH,
     is_fake_spec,
     parse_fake_spec,
     whitespace_token_count,
 )
-from worker.models import NO_LENGTH_LIMIT, model_max_seq_length, resolve_model_path
+from worker.models import (
+    NO_LENGTH_LIMIT,
+    ModelKind,
+    detect_model_kind,
+    model_dimension,
+    model_max_seq_length,
+    resolve_model_path,
+)
 
 if TYPE_CHECKING:
     import tokenizers
@@ -64,15 +72,25 @@ class TokenCounter(Protocol):
         """Tokens per (query, document) pair as a cross-encoder reads it, not truncated."""
         ...
 
+    # Optional, read with getattr (None: unknown), so a counter written before
+    # request options existed still works: ``dimension`` (the model's vector
+    # size, for ``dimensions``) and ``model_kind`` ("embedding" or
+    # "cross-encoder", for what a rerank endpoint's model reads).
+
 
 class WhitespaceTokenCounter(TokenCounter):
     """The counter of the fake models: whitespace-separated words."""
 
+    #: The fake reranker scores by cosine of fake embeddings.
+    model_kind: ModelKind = "embedding"
+
     def __init__(
-        self, *, name: str = "fake", max_seq_length: int | None = FAKE_MAX_SEQ_LENGTH
+        self, *, name: str = "fake", max_seq_length: int | None = FAKE_MAX_SEQ_LENGTH,
+        dimension: int | None = None,
     ) -> None:
         self._name = name
         self._max_seq_length = max_seq_length
+        self.dimension = dimension
 
     @property
     def name(self) -> str:
@@ -94,9 +112,14 @@ class TokenizersCounter(TokenCounter):
     """Counts with a ``tokenizers.Tokenizer`` (a copy with truncation and padding off)."""
 
     def __init__(
-        self, tokenizer: tokenizers.Tokenizer, *, name: str, max_seq_length: int | None
+        self, tokenizer: tokenizers.Tokenizer, *, name: str, max_seq_length: int | None,
+        dimension: int | None = None, model_kind: ModelKind | None = None,
     ) -> None:
         import tokenizers
+
+        #: The model's vector size and kind, when its folder says (see TokenCounter).
+        self.dimension = dimension
+        self.model_kind = model_kind
 
         # A copy: the tokenizer may be shared with a loaded model that relies on
         # its truncation settings.
@@ -133,15 +156,20 @@ def load_token_counter(spec: str) -> TokenCounter:
     if is_fake_spec(spec):
         options = parse_fake_spec(spec)
         return WhitespaceTokenCounter(
-            name=spec, max_seq_length=int(options.get("max_seq_length", FAKE_MAX_SEQ_LENGTH))
+            name=spec, max_seq_length=int(options.get("max_seq_length", FAKE_MAX_SEQ_LENGTH)),
+            dimension=int(options.get("dim", FAKE_DIM)),
         )
     path = resolve_model_path(spec)
+    folder = Path(path).is_dir()
+    about = {"dimension": model_dimension(path) if folder else None,
+             "model_kind": detect_model_kind(path) if folder else None}
     tokenizer_file = Path(path) / "tokenizer.json"
     if tokenizer_file.is_file():
         import tokenizers
 
         tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
-        return TokenizersCounter(tokenizer, name=spec, max_seq_length=model_max_seq_length(path))
+        return TokenizersCounter(tokenizer, name=spec, max_seq_length=model_max_seq_length(path),
+                                 **about)
     from transformers import AutoTokenizer
 
     auto = AutoTokenizer.from_pretrained(path)
@@ -150,4 +178,4 @@ def load_token_counter(spec: str) -> TokenCounter:
         raise ValueError(f"{spec!r} has no fast (tokenizers) tokenizer to count with")
     limit = auto.model_max_length if auto.model_max_length < NO_LENGTH_LIMIT else None
     local_limit = model_max_seq_length(path) if Path(path).is_dir() else None
-    return TokenizersCounter(backend, name=spec, max_seq_length=local_limit or limit)
+    return TokenizersCounter(backend, name=spec, max_seq_length=local_limit or limit, **about)
