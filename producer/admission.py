@@ -23,12 +23,20 @@ step  check                           status     reason
 7     texts per request, characters   invalid    ``too_many_texts``,
       per text, bytes per message                ``text_too_long``,
                                                  ``message_too_large``
-8     tokens <= max_request_tokens    invalid    ``too_many_tokens``
+8     options fit the endpoint        invalid    ``invalid_option``,
+      (:mod:`producer.options`)                  ``unknown_prompt``,
+                                                 ``dimensions_too_large``,
+                                                 ``input_too_long``
+      tokens <= max_request_tokens    invalid    ``too_many_tokens``
 9     deadline not passed             expired    ``deadline_passed``
 10    rate limits                     rejected   ``rate_limited``
 11    scheduler not overloaded        rejected   ``overloaded``
 12    predicted wait fits the budget  rejected   ``throttled``
 ====  ==============================  =========  ==========================
+
+Tokens are what the model computes (:mod:`producer.options`: prompts
+included, capped at what the model reads unless ``truncate = "none"``); the
+rate limits, the throttle and the scheduler's cost all count them.
 
 A refusal's result goes to the request's ``reply_to`` when that lies under
 the allowed prefix (or is the shared results topic), else to the shared
@@ -49,6 +57,7 @@ from typing import Any
 
 import msgspec
 
+from producer.options import OptionRefusal, resolve_input
 from producer.ratelimit import RateLimiter
 from producer.throttle import ThrottleState
 from schemas.codec import DecodeError, Format, codec_for, format_from_headers
@@ -240,12 +249,10 @@ def _decide(
                       f"service.max_message_bytes = {config.service.max_message_bytes}")
 
     counter = token_counter[req.endpoint] if isinstance(token_counter, Mapping) else token_counter
-    if isinstance(req.input, EmbedInput):
-        counts = counter.count(req.input.texts)
-    else:
-        counts = counter.count_pairs(req.input.query, req.input.documents)
-    # An empty text still occupies a slot in a batch: it is never free.
-    tokens = max(1, sum(counts))
+    costed = resolve_input(req.input, req.endpoint, ep, counter)
+    if isinstance(costed, OptionRefusal):
+        return refuse("invalid", costed.reason, costed.message, tokens=costed.tokens)
+    tokens = costed.tokens
     if tokens > ep.max_request_tokens:
         return refuse("invalid", "too_many_tokens",
                       f"request has {tokens} tokens, the limit of endpoint {req.endpoint!r} "
@@ -295,7 +302,7 @@ def _decide(
                                  tokens=tokens)
     return Admitted(
         request=AdmittedRequest(
-            id=req.id, org=req.org, endpoint=req.endpoint, tier=org.tier, input=req.input,
+            id=req.id, org=req.org, endpoint=req.endpoint, tier=org.tier, input=costed.input,
             tokens=tokens, priority=req.priority, deadline_at_ms=deadline_at_ms,
             created_ms=created_ms, admitted_ms=now_ms, reply_to=reply_to, reply_format=fmt,
         ),
