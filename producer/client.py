@@ -30,7 +30,19 @@ the producer retried them once the topics were back) fails with
 on the next :meth:`FairnessClient.result` call otherwise. A result that
 still arrives for one of them after that goes to :meth:`FairnessClient.results`.
 
-Also the ``submit`` subcommand: send one request, print its result as JSON.
+Request options (:mod:`schemas.options`) go in the input as any other field;
+:func:`embed_input` and :func:`rerank_input` build inputs with them, checked
+before anything is sent. :func:`decode_embeddings` turns a result's
+embeddings, whatever their type and encoding, into numpy arrays::
+
+    inp = embed_input(["hi"], input_type="search_query", dimensions=256,
+                      embedding_types=["float", "int8"], encoding="base64")
+    result = await client.result(await client.submit({"org": "acme", "endpoint": "embed",
+                                                      "input": inp}))
+    arrays = decode_embeddings(result)   # {"float": (1, 256) float32, "int8": (1, 256) int8}
+
+Also the ``submit`` subcommand: send one request, print its result as JSON;
+it takes every option as a flag (``--truncate none``, ``--dimensions 256``...).
 """
 
 from __future__ import annotations
@@ -62,10 +74,21 @@ from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from schemas.codec import DecodeError, Format, codec_for, content_type, format_from_headers
 from schemas.config import Config, ConfigError, load_config
-from schemas.messages import Request, Result
+from schemas.messages import EmbedInput, Request, RerankInput, Result
+from schemas.options import RequestOptions
 from schemas.topics import Topics
+from schemas.vectors import decode_embeddings
 
-__all__ = ["FairnessClient", "ResultLost", "add_arguments", "result_for_display", "run"]
+__all__ = [
+    "FairnessClient",
+    "ResultLost",
+    "add_arguments",
+    "decode_embeddings",
+    "embed_input",
+    "rerank_input",
+    "result_for_display",
+    "run",
+]
 
 log = get_logger("client")
 
@@ -366,6 +389,83 @@ class FairnessClient:
         self._arrived.set()
 
 
+# -- request options -------------------------------------------------------------
+
+
+def embed_input(texts: list[str], **options: Any) -> dict[str, Any]:
+    """An embed input with ``options`` (names as in :mod:`schemas.options`), checked.
+
+    Raises ``msgspec.ValidationError`` naming a bad option, ``ValueError`` for
+    a rerank-only one.
+    """
+    return _input("embed", {"texts": list(texts)}, options)
+
+
+def rerank_input(query: str, documents: list[str], top_n: int | None = None,
+                 **options: Any) -> dict[str, Any]:
+    """A rerank input with ``options`` (``max_tokens_per_doc``, ``return_documents``,
+    ``truncate``), checked like :func:`embed_input`."""
+    fields: dict[str, Any] = {"query": query, "documents": list(documents)}
+    if top_n is not None:
+        fields["top_n"] = top_n
+    return _input("rerank", fields, options)
+
+
+def _input(kind: str, fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    given = {k: v for k, v in options.items() if v is not None}
+    checked = msgspec.convert(given, RequestOptions)
+    foreign = checked.foreign_to(kind)
+    if foreign:
+        other = "rerank" if kind == "embed" else "embed"
+        raise ValueError(f"{', '.join(foreign)}: {other} options, not for a {kind} input")
+    inp = {"type": kind, **fields,
+           **(checked.embed_fields() if kind == "embed" else checked.rerank_fields())}
+    # The whole input against the wire schema, so what is sent decodes.
+    msgspec.convert(inp, EmbedInput if kind == "embed" else RerankInput)
+    return inp
+
+
+def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """The request options as flags (see README "Request options")."""
+    group = parser.add_argument_group("request options")
+    group.add_argument("--input-type", help="embed: a prompt the endpoint lists (Cohere's name)")
+    group.add_argument("--prompt-name", help="embed: a prompt the endpoint lists")
+    group.add_argument("--truncate", choices=["none", "end", "start"],
+                       help="cut the end (default) or the start of a too-long input, or refuse "
+                            "it (none)")
+    group.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="embed: unit-length vectors (--no-normalize: none at all; "
+                            "default: the model's own behaviour)")
+    group.add_argument("--dimensions", type=int, help="embed: keep the first N values")
+    group.add_argument("--embedding-type", action="append", dest="embedding_types",
+                       choices=["float", "int8", "uint8", "binary", "ubinary"],
+                       help="embed: a type to return (repeat for several; default float)")
+    group.add_argument("--encoding", choices=["float", "base64"],
+                       help="embed: vectors as numbers (default) or packed bytes")
+    group.add_argument("--max-tokens-per-doc", type=int,
+                       help="rerank: cut each document to N tokens")
+    group.add_argument("--return-documents", action="store_true", default=None,
+                       help="rerank: send the documents back in ranking order")
+
+
+def _options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name, None) for name in RequestOptions.__struct_fields__}
+
+
+def _display_embeddings(data: dict[str, Any], result: Result) -> None:
+    """Typed and packed embeddings shortened to dimension and head, decoded."""
+    if not (result.embeddings_by_type or result.embeddings_packed):
+        return
+    try:
+        arrays = decode_embeddings(result)
+    except ValueError:
+        return
+    for key in ("embeddings_by_type", "embeddings_packed"):
+        if data.get(key):
+            data[key] = {t: [{"dim": int(row.shape[0]), "head": row[:8].tolist()}
+                             for row in arrays[t]] for t in data[key]}
+
+
 # -- the `submit` subcommand ---------------------------------------------------
 
 
@@ -387,20 +487,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long to wait for the result (default 60)")
     parser.add_argument("--full", action="store_true",
                         help="print whole embedding vectors (default: dimension and first 8)")
+    _add_option_arguments(parser)
     add_kafka_arguments(parser)
 
 
 def _build_request(args: argparse.Namespace) -> dict[str, Any]:
     if args.text and (args.query or args.doc):
         raise ValueError("give --text (embed) or --query with --doc (rerank), not both")
-    if args.text:
-        inp: dict[str, Any] = {"type": "embed", "texts": args.text}
-    elif args.query is not None and args.doc:
-        inp = {"type": "rerank", "query": args.query, "documents": args.doc}
-        if args.top_n is not None:
-            inp["top_n"] = args.top_n
-    else:
-        raise ValueError("give --text (embed) or --query with at least one --doc (rerank)")
+    options = _options_from_args(args)
+    try:
+        if args.text:
+            inp: dict[str, Any] = embed_input(args.text, **options)
+        elif args.query is not None and args.doc:
+            inp = rerank_input(args.query, args.doc, args.top_n, **options)
+        else:
+            raise ValueError("give --text (embed) or --query with at least one --doc (rerank)")
+    except msgspec.ValidationError as e:
+        raise ValueError(f"invalid option: {e}") from None
     req: dict[str, Any] = {"org": args.org, "endpoint": args.endpoint, "input": inp,
                            "priority": args.priority}
     if args.deadline_ms is not None:
@@ -415,6 +518,8 @@ def result_for_display(result: Result, *, full: bool = False) -> dict[str, Any]:
     data = msgspec.to_builtins(result)
     if not full and data.get("embeddings"):
         data["embeddings"] = [{"dim": len(v), "head": v[:8]} for v in data["embeddings"]]
+    if not full:
+        _display_embeddings(data, result)
     return data
 
 
