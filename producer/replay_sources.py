@@ -7,6 +7,8 @@ them; :func:`to_trace` turns them back into a trace for ``simulate``.
 
 * :func:`items_from_trace`: one request per trace line; a line with only
   ``tokens`` gets texts made up to that count (:mod:`producer.textsynth`).
+  A line's ``options`` go into the request's input as they are (an option
+  of the other input kind is a :class:`ReplayError`).
 * :func:`read_window`: the requests a topic holds between two times. Each
   partition is read from ``offsets_for_times(since)`` up to its first record
   past ``until``, or up to its high watermark *as of the first fetch*
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import KafkaSettings, make_consumer
@@ -34,13 +37,15 @@ from producer.textsynth import TextSynth
 from scheduler.trace import TraceRecord
 from schemas.codec import DecodeError, Format, codec_for, format_from_headers
 from schemas.config import Config
-from schemas.messages import EmbedInput, Request, RerankInput
+from schemas.messages import EmbedInput, Input, Request, RerankInput
+from schemas.options import RequestOptions
 
 __all__ = [
     "ReplayError",
     "ReplayItem",
     "Window",
     "items_from_trace",
+    "options_of",
     "parse_time_ms",
     "read_window",
     "to_trace",
@@ -122,10 +127,34 @@ def items_from_trace(records: Sequence[TraceRecord], config: Config,
             tokens = synth.count(inp)
         else:
             inp = synth.make_input(kind, r.tokens, r.id)
+        inp = _with_options(inp, r)
         req = Request(id=r.id, org=r.org, endpoint=r.endpoint, input=inp, priority=r.priority,
                       deadline_ms=r.deadline_ms)
         items.append(ReplayItem(ts=r.ts, request=req, tokens=tokens))
     return items
+
+
+def _with_options(inp: Input, r: TraceRecord) -> Input:
+    """``inp`` with the trace line's options; ReplayError for options of the other kind."""
+    if r.options is None:
+        return inp
+    kind = "embed" if isinstance(inp, EmbedInput) else "rerank"
+    foreign = r.options.foreign_to(kind)
+    if foreign:
+        raise ReplayError(f"trace request {r.id!r}: option(s) {', '.join(foreign)} do not apply "
+                          f"to a {kind} request (endpoint {r.endpoint!r})")
+    fields = r.options.embed_fields() if kind == "embed" else r.options.rerank_fields()
+    return msgspec.structs.replace(inp, **fields)
+
+
+def options_of(inp: Input) -> RequestOptions | None:
+    """The options a request's input carries (those not at their defaults), for a trace line."""
+    given = {name: getattr(inp, name) for name in RequestOptions.__struct_fields__
+             if hasattr(inp, name)}
+    defaults = EmbedInput(texts=[""]) if isinstance(inp, EmbedInput) else \
+        RerankInput(query="", documents=[""])
+    given = {k: v for k, v in given.items() if v != getattr(defaults, k)}
+    return RequestOptions(**given) if given else None
 
 
 async def read_window(settings: KafkaSettings, topic: str, since_ms: int,
@@ -211,6 +240,6 @@ def to_trace(items: Iterable[ReplayItem], speed: float = 1.0) -> list[TraceRecor
         r = it.request
         out.append(TraceRecord(ts=round(it.ts / speed, 6), org=r.org, endpoint=r.endpoint,
                                tokens=max(1, it.tokens), id=r.id, priority=r.priority,
-                               deadline_ms=r.deadline_ms))
+                               deadline_ms=r.deadline_ms, options=options_of(r.input)))
     return out
 

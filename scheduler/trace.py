@@ -29,6 +29,13 @@ Fields:
 * ``id`` -- optional; a missing id becomes ``line-<n>`` (its line number),
   so ids are stable across runs and a simulated and a live run of one trace
   can be joined request by request. Ids must be unique.
+* ``options`` -- optional: the request's options
+  (:class:`schemas.options.RequestOptions`: ``truncate``, ``dimensions``,
+  ``embedding_types``, ``max_tokens_per_doc``...), replayed with the
+  request, e.g. ``"options": {"input_type": "search_query", "truncate":
+  "none", "embedding_types": ["int8"]}``. Unlike the line itself, an unknown
+  key here is an error: a misspelt option must not replay as a default.
+  The simulator ignores them (``tokens`` already says what a request costs).
 
 Unknown fields are skipped, so a production log with extra columns can be
 read as it is. A bad line raises :class:`TraceError` naming the file, the
@@ -52,6 +59,7 @@ import msgspec
 from msgspec import Meta
 
 from schemas.messages import DurationMs, EndpointName, OrgId, Priority, RequestId
+from schemas.options import RequestOptions
 
 __all__ = [
     "EPOCH_THRESHOLD_S",
@@ -89,6 +97,7 @@ class TraceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     query: str | None = None
     priority: Priority = 0
     deadline_ms: DurationMs | None = None
+    options: RequestOptions | None = None
 
 
 class _Line(msgspec.Struct, kw_only=True):
@@ -103,6 +112,7 @@ class _Line(msgspec.Struct, kw_only=True):
     priority: Priority = 0
     deadline_ms: DurationMs | None = None
     id: RequestId | None = None
+    options: RequestOptions | None = None
 
 
 class TraceError(ValueError):
@@ -202,7 +212,7 @@ def decode_trace(
         out.append(TraceRecord(
             id=rid, ts=line.ts - origin, org=line.org, endpoint=line.endpoint, tokens=tokens,
             texts=line.texts, query=line.query, priority=line.priority,
-            deadline_ms=line.deadline_ms,
+            deadline_ms=line.deadline_ms, options=line.options,
         ))
     out.sort(key=lambda r: r.ts)  # stable: ties stay in line order
     return out
