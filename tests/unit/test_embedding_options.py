@@ -7,6 +7,10 @@ microseconds, with the fake's hand-checkable vectors.
 
 from __future__ import annotations
 
+import base64
+import struct
+
+import msgspec
 import numpy as np
 import pytest
 
@@ -16,7 +20,7 @@ from schemas.vectors import decode_embeddings, result_fields
 from worker.calibration import CALIBRATION_TEXTS
 from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder, FakeReranker
-from worker.interface import EncodeOptions
+from worker.interface import DEFAULT_OPTIONS, EncodeOptions
 from worker.quantize import quantize, ranges_of
 
 _results = codec_for(Result)
@@ -91,6 +95,19 @@ def test_every_type_round_trips_through_a_result(fmt, encoding):
         assert back[t].dtype == a.dtype and np.array_equal(back[t], a), t
 
 
+def test_packed_json_is_base64_of_little_endian_bytes():
+    """Any client can read a packed vector: base64 of float32 little-endian, int8 as bytes."""
+    v = np.array([[1.5, -2.0, 0.25]], dtype=np.float32)
+    r = Result(id="x", status="ok", **result_fields(
+        {"float": v, "int8": np.array([[-1, 2, 127]], dtype=np.int8)}, "base64"))
+    wire = msgspec.json.decode(_results.encode(r, "json"))
+    raw = base64.b64decode(wire["embeddings_packed"]["float"][0])
+    assert raw == struct.pack("<3f", 1.5, -2.0, 0.25)
+    assert base64.b64decode(wire["embeddings_packed"]["int8"][0]) == bytes([255, 2, 127])
+    mp = msgspec.msgpack.decode(_results.encode(r, "msgpack"))
+    assert mp["embeddings_packed"]["float"][0] == raw  # msgpack: the same bytes, as a binary
+
+
 def test_base64_json_is_smaller_than_numbers():
     """One 384-value float vector: base64 in JSON is about a quarter of the numbers' bytes."""
     v = np.random.default_rng(1).standard_normal((1, 384)).astype(np.float32)
@@ -142,7 +159,7 @@ async def test_requests_with_different_options_share_no_model_call():
     calls = []
 
     class Counting(FakeEmbedder):
-        def encode(self, texts, *, lengths=None, options=EncodeOptions()):
+        def encode(self, texts, *, lengths=None, options=DEFAULT_OPTIONS):
             calls.append((len(texts), options))
             return super().encode(texts, lengths=lengths, options=options)
 
@@ -207,7 +224,7 @@ async def test_failed_calibration_fails_only_the_requests_that_need_it():
     """A model that breaks on the calibration set fails the int8 request, not its neighbours."""
 
     class NoCalibration(FakeEmbedder):
-        def encode(self, texts, *, lengths=None, options=EncodeOptions()):
+        def encode(self, texts, *, lengths=None, options=DEFAULT_OPTIONS):
             if len(texts) == len(CALIBRATION_TEXTS):
                 raise RuntimeError("boom")
             return super().encode(texts, lengths=lengths, options=options)
