@@ -13,7 +13,8 @@ model that reads 8 words and makes 16-value vectors:
   the option's and whose message names the field (``$.input.<field>`` for a
   value the schema refuses, ``input.<field>`` for one the endpoint refuses);
 * hostile values (evil strings, nesting, any JSON) in any option field never
-  make decide() raise or fail, and never get admitted unless valid;
+  make decide() raise or fail; what is admitted round-trips through the
+  scheduler's codec and carries only a prompt the endpoint lists;
 * the worker, on any mix of valid options and embedding types, returns each
   request once, with exactly the types asked, of the right widths and dtypes,
   the floats those of the model with the same options.
@@ -343,7 +344,11 @@ def test_hostile_option_values_never_break_admission(kind, values):
            else {"type": "rerank", "query": "q", "documents": ["a b"]}) | values
     out = _decide(*_body(inp, "json"))
     assert type(out) in (Admitted, Refused, DeadLetterReason)
-    if isinstance(out, DeadLetterReason):
+    if isinstance(out, Admitted):
+        assert _admitted.decode(_admitted.encode(out.request)) == out.request
+        prompt = getattr(out.request.input, "prompt", None)
+        assert prompt is None or prompt in PROMPTS.values(), prompt
+    elif isinstance(out, DeadLetterReason):
         assert out.reason == "invalid", out
         assert out.result is not None and "$.input" in out.result.message, out.result
     elif isinstance(out, Refused) and out.result.reason != "message_too_large":
