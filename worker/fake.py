@@ -189,7 +189,9 @@ class FakeEmbedder(Embedder):
     def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None,
                options: EncodeOptions = DEFAULT_OPTIONS) -> EncodeOutput:
         if lengths is None:
-            lengths = self.token_lengths(texts, prompt=options.prompt)
+            # No prompt, no keyword: a subclass written before options existed still works.
+            lengths = self.token_lengths(texts) if options.prompt is None \
+                else self.token_lengths(texts, prompt=options.prompt)
         delay = self.service_seconds(lengths)
         if delay > 0:
             self.simulated_seconds += delay

@@ -325,7 +325,9 @@ class SentenceTransformerEmbedder(Embedder):
         if not texts:
             return EncodeOutput(np.zeros((0, width), dtype=np.float32), [])
         if lengths is None:
-            lengths = self.token_lengths(texts, prompt=options.prompt)
+            # No prompt, no keyword: a subclass written before options existed still works.
+            lengths = self.token_lengths(texts) if options.prompt is None \
+                else self.token_lengths(texts, prompt=options.prompt)
         model, prompt = self.model, options.prompt
         if options.normalize is False:
             model = self._without_normalize()
