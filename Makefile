@@ -32,6 +32,7 @@ test-all: install
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: install
 	$(BIN)/python bench/core.py --quick

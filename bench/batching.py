@@ -75,7 +75,7 @@ _WORDS = (  # noqa: SIM905 - a word list reads better as one string
 _COUNTER_PROBE = """
 import json, sys, time
 t0 = time.perf_counter()
-from worker.tokenizer import load_token_counter
+from tokens.counting import load_token_counter
 t1 = time.perf_counter()
 counter = load_token_counter(sys.argv[1])
 t2 = time.perf_counter()

@@ -37,11 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from app.processes import ProcessStack
 from bench.crash import CONFIG
 from bench.loadgen import Load, percentile
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
-from plumbing.processes import ProcessStack
 from producer.client import FairnessClient
 from schemas.config import parse_config
 

@@ -1,6 +1,6 @@
 """Crash each service in turn under steady load; every request must get one result.
 
-The pipeline runs as processes (:class:`plumbing.processes.ProcessStack`) on
+The pipeline runs as processes (:class:`app.processes.ProcessStack`) on
 an embedded broker: two schedulers (active and standby), admission, and two
 workers sharing the endpoint (scale-out: more members of its group) with a
 fake model. A :class:`~producer.client.FairnessClient` sends ``--rate``
@@ -39,10 +39,10 @@ from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from app.processes import ProcessStack
 from bench.loadgen import Load, reply_copies
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
-from plumbing.processes import ProcessStack
 from producer.client import FairnessClient
 from schemas.config import parse_config
 

@@ -49,18 +49,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 
+from app.processes import ProcessStack
 from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
-from plumbing.processes import ProcessStack
 from plumbing.topics import delete_topics, describe_topics
-from producer.replay import ReplaySettings, replay
-from producer.replay_sources import ReplayItem
-from producer.stages import stage_line, stage_times
-from producer.textsynth import TextSynth
-from scheduler.report import percentile
 from schemas.config import parse_config
 from schemas.messages import Request
-from worker.tokenizer import WhitespaceTokenCounter
+from tokens.counting import WhitespaceTokenCounter
+from traffic.replay import ReplaySettings, replay
+from traffic.replay_sources import ReplayItem
+from traffic.report import percentile
+from traffic.stages import stage_line, stage_times
+from traffic.textsynth import TextSynth
 
 __all__ = ["main"]
 

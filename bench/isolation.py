@@ -14,7 +14,7 @@ padded token), three times: without the burst, with it, and with a burst
 What must hold, per quiet org: its p99 with a burst <= its p99 without +
 three full-batch times (the batches a worker may hold ahead of it, and its
 own), where a full batch is the run's own fitted batch time
-(:func:`producer.replay_outcomes.fit_batch_time`) at ``max_batch_tokens``.
+(:func:`traffic.replay_outcomes.fit_batch_time`) at ``max_batch_tokens``.
 Ingress is keyed by org, and an org whose key lands on the bursting org's
 partition used to wait behind the whole burst at admission; so each
 **layout** (``--layouts``) names the quiet orgs afresh, and every layout
@@ -48,19 +48,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 
+from app.processes import ProcessStack
 from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
 from plumbing.outbox import partition_for_key
-from plumbing.processes import ProcessStack
 from plumbing.topics import delete_topics, describe_topics
-from producer.replay import ReplaySettings, replay
-from producer.replay_outcomes import fit_batch_time
-from producer.replay_sources import ReplayItem
-from producer.stages import percentile_ms, stage_line, stage_times
-from producer.textsynth import TextSynth
 from schemas.config import parse_config
 from schemas.messages import Request
-from worker.tokenizer import WhitespaceTokenCounter
+from tokens.counting import WhitespaceTokenCounter
+from traffic.replay import ReplaySettings, replay
+from traffic.replay_outcomes import fit_batch_time
+from traffic.replay_sources import ReplayItem
+from traffic.stages import percentile_ms, stage_line, stage_times
+from traffic.textsynth import TextSynth
 
 __all__ = ["main"]
 

@@ -5,12 +5,12 @@ reach the worker almost as soon as both it and a free worker exist.
 Target: the scheduler's added latency at most 5 ms at p50.
 
 Setup: admission, the scheduler and one worker in this process
-(:class:`plumbing.stack.Stack`) on the embedded broker (or ``--bootstrap``);
+(:class:`app.stack.Stack`) on the embedded broker (or ``--bootstrap``);
 the fake model with a fixed service time (``--service-ms``, default 20 ms
 per call) and ``max_batch_size = 1``, so each request is one batch and the
 worker's capacity is ``1000 / service_ms`` requests/s. Requests arrive as a
 Poisson process at ``--load`` (default 0.5) of that capacity from five
-orgs, sent on schedule by :func:`producer.replay.replay`.
+orgs, sent on schedule by :func:`traffic.replay.replay`.
 
 Per request, on one clock (this process's ``time.time()``), recorded by
 wrapping the scheduler core's ``push``/``next_batch`` and the model's
@@ -51,15 +51,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 
+from app.stack import Stack
 from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
-from plumbing.stack import Stack
 from plumbing.topics import delete_topics, describe_topics
-from producer.replay import ReplaySettings, replay
-from producer.replay_sources import ReplayItem
-from scheduler.report import percentile
 from schemas.config import parse_config
 from schemas.messages import EmbedInput, Request
+from traffic.replay import ReplaySettings, replay
+from traffic.replay_sources import ReplayItem
+from traffic.report import percentile
 
 __all__ = ["main"]
 

@@ -45,15 +45,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiokafka.structs import TopicPartition
 
+from app.processes import ProcessStack
 from bench.loadgen import Load, percentile, rss_mib
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings, make_consumer
-from plumbing.processes import ProcessStack
 from producer.client import FairnessClient
-from producer.stages import stage_line, stage_times
 from schemas.codec import codec_for
 from schemas.config import parse_config
 from schemas.messages import SchedulerState
+from traffic.stages import stage_line, stage_times
 
 __all__ = ["CONFIG", "main", "run"]
 

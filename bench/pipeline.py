@@ -10,9 +10,9 @@ produced and consumed once with aiokafka on the same broker.
   waiting, then all acknowledgements), one consumer (no group) reads them;
   time from the first send to the last message read.
 - ``pipeline``: admission, scheduler and one worker with the fake model at
-  zero service time (:class:`plumbing.stack.Stack`, in this process) on the
+  zero service time (:class:`app.stack.Stack`, in this process) on the
   same broker; N requests of 16 tokens from five orgs sent at once with
-  :func:`producer.replay.replay`; time from the first send to the last
+  :func:`traffic.replay.replay`; time from the first send to the last
   result produced. Every request must come back ``ok``.
 
 Both run in this one process on the same event loop, so on a 2-core
@@ -47,6 +47,8 @@ import msgspec
 import service_rounds
 from aiokafka.structs import TopicPartition
 
+from app.processes import ProcessStack
+from app.stack import Stack
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -56,16 +58,14 @@ from plumbing.kafka import (
     settings_from_args,
 )
 from plumbing.logs import configure_logging
-from plumbing.processes import ProcessStack
-from plumbing.stack import Stack
 from plumbing.topics import delete_topics, describe_topics, ensure_topics
-from producer.replay import ReplaySettings, replay
-from producer.replay_sources import ReplayItem
-from producer.textsynth import TextSynth
 from schemas.codec import codec_for
 from schemas.config import Config, parse_config
 from schemas.messages import Request
-from worker.tokenizer import WhitespaceTokenCounter
+from tokens.counting import WhitespaceTokenCounter
+from traffic.replay import ReplaySettings, replay
+from traffic.replay_sources import ReplayItem
+from traffic.textsynth import TextSynth
 
 __all__ = ["main"]
 

@@ -14,7 +14,7 @@ one run, what each costs:
   process (best of 5 runs of 2,000);
 - **end to end**: N requests of one 16-word text each (``--texts K``: K texts,
   so K vectors per result), sent at once through
-  the live pipeline (admission, scheduler, one worker: :class:`plumbing.stack.Stack`
+  the live pipeline (admission, scheduler, one worker: :class:`app.stack.Stack`
   in this process) by one :class:`producer.client.FairnessClient`; time from
   the first send to the last result received *and decoded to numpy*. The
   model is the fake at 384 values and 0 ms (``--model`` to change), so what
@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgspec
 import numpy as np
 
+from app.stack import Stack
 from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
-from plumbing.stack import Stack
 from plumbing.topics import delete_topics, describe_topics
 from producer.client import FairnessClient
 from schemas.codec import codec_for

@@ -11,7 +11,7 @@ least 1.3x the tokens/s of fixed-size unsorted batches on mixed lengths.
   process (it sorts by length inside the call): the reference.
 - ``pipeline``: the same texts, one per request from five orgs, sent at once
   through admission, the scheduler and one all-MiniLM-L6-v2 worker
-  (:class:`plumbing.stack.Stack`, in this process, sharing the *same* loaded
+  (:class:`app.stack.Stack`, in this process, sharing the *same* loaded
   model object); from the first send to the last result produced. The
   worker's own model time (the sum of its micro-batch times) is printed
   too, and the same model calls are then made again alone in this process
@@ -44,14 +44,14 @@ sys.path.insert(0, str(_BENCH))
 import batching  # bench/batching.py: texts of exact lengths, the micro-batching figures
 import msgspec
 
+from app.stack import Stack
 from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
-from plumbing.stack import Stack
 from plumbing.topics import delete_topics, describe_topics
-from producer.replay import ReplaySettings, replay
-from producer.replay_sources import ReplayItem
 from schemas.config import Config, parse_config
 from schemas.messages import EmbedInput, Request
+from traffic.replay import ReplaySettings, replay
+from traffic.replay_sources import ReplayItem
 
 __all__ = ["main"]
 

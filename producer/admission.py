@@ -72,7 +72,7 @@ from schemas.messages import (
     Result,
 )
 from schemas.topics import Topics
-from worker.tokenizer import TokenCounter
+from tokens.counting import TokenCounter
 
 __all__ = ["Admitted", "DeadLetterReason", "Outcome", "Refused", "decide", "reply_topic_for"]
 

@@ -44,7 +44,7 @@ import msgspec
 from schemas.config import Endpoint
 from schemas.messages import EmbedInput, Input, RerankInput
 from schemas.options import truncate_of
-from worker.tokenizer import TokenCounter
+from tokens.counting import TokenCounter
 
 __all__ = ["Costed", "OptionRefusal", "resolve_input"]
 

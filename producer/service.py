@@ -85,7 +85,7 @@ from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, DeadLetter, Result, SchedulerState
 from schemas.topics import Topics
-from worker.tokenizer import TokenCounter, load_token_counter
+from tokens.counting import TokenCounter, load_token_counter
 
 __all__ = ["AdmissionService", "AdmissionSettings", "add_arguments", "run"]
 

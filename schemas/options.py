@@ -4,7 +4,7 @@ The options are those users of Cohere's Embed and Rerank APIs, HuggingFace
 text-embeddings-inference and sentence-transformers already know. Their
 types (and so their decode-time limits) are declared here once, used by the
 wire messages (:mod:`schemas.messages`), by the traffic-log reader
-(:mod:`scheduler.trace`) and by the client; what depends on the endpoint
+(:mod:`traffic.trace`) and by the client; what depends on the endpoint
 (which prompts it lists, the model's size and length limit) is checked by
 admission (:mod:`producer.options`).
 

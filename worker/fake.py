@@ -37,6 +37,14 @@ from typing import Any
 
 import numpy as np
 
+from tokens.specs import (
+    FAKE_DIM,
+    FAKE_MAX_SEQ_LENGTH,
+    FAKE_SPEC,
+    is_fake_spec,
+    parse_fake_spec,
+    whitespace_token_count,
+)
 from worker.interface import (
     DEFAULT_OPTIONS,
     CosineReranker,
@@ -58,54 +66,8 @@ __all__ = [
     "whitespace_token_count",
 ]
 
-FAKE_SPEC = "fake"
-FAKE_MAX_SEQ_LENGTH = 256
-FAKE_DIM = 32
-
 #: Words the fake's table holds before it starts afresh.
 _TABLE_WORDS = 1 << 16
-
-_SPEC_KEYS: dict[str, type] = {
-    "dim": int,
-    "max_seq_length": int,
-    "ms_per_token": float,
-    "ms_per_batch": float,
-}
-
-
-def is_fake_spec(spec: str) -> bool:
-    """True for ``"fake"`` and ``"fake:..."``."""
-    return spec == FAKE_SPEC or spec.startswith(FAKE_SPEC + ":")
-
-
-def parse_fake_spec(spec: str) -> dict[str, int | float]:
-    """Keyword arguments for the fake models from ``"fake:key=value,..."``.
-
-    Unknown keys and bad values raise ValueError: a typo in a config must not
-    silently fall back to a default.
-    """
-    if not is_fake_spec(spec):
-        raise ValueError(f"not a fake model spec: {spec!r}")
-    options: dict[str, int | float] = {}
-    _, _, rest = spec.partition(":")
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in _SPEC_KEYS:
-            raise ValueError(
-                f"bad fake spec option {item!r} in {spec!r}; keys: {', '.join(_SPEC_KEYS)}"
-            )
-        try:
-            options[key] = _SPEC_KEYS[key](value.strip())
-        except ValueError:
-            raise ValueError(f"bad value for {key} in {spec!r}: {value!r}") from None
-    return options
-
-
-def whitespace_token_count(text: str) -> int:
-    """Tokens of ``text`` for the fake models: whitespace-separated words."""
-    return len(text.split())
-
 
 _WORD = re.compile(r"\S+")
 

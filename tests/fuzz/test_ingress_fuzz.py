@@ -48,7 +48,7 @@ from tests.fuzz.hostile import (
     record_timestamps,
     valid_request_id,
 )
-from worker.tokenizer import load_token_counter
+from tokens.counting import load_token_counter
 
 COUNTER = load_token_counter("fake")
 TOPICS = Topics.of(CONFIG)

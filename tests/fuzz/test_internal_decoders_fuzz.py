@@ -82,10 +82,10 @@ from tests.fuzz.internal import (
     state_from,
     text_from,
 )
+from tokens.counting import load_token_counter
 from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder
 from worker.interface import CosineReranker
-from worker.tokenizer import load_token_counter
 
 # The admission registry, with the rerank endpoint on the adaptive cost model so
 # that worker timings feed a cost that could be poisoned.

@@ -41,10 +41,10 @@ from schemas.options import EMBEDDING_TYPES, MAX_DIMENSIONS
 from schemas.vectors import decode_embeddings
 from tests.admission_setup import NOW_MS, TOML
 from tests.fuzz.hostile import evil_string, fuzz_settings
+from tokens.counting import WhitespaceTokenCounter
 from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder
 from worker.request_options import encode_options
-from worker.tokenizer import WhitespaceTokenCounter
 
 PROMPTS = {"search_query": "find this: ", "search_document": "", "q": "q:"}
 

@@ -269,7 +269,7 @@ async def test_client_delivers_each_result_once(kafka_settings, topic_prefix):
 async def test_submit_command_prints_the_result(service, kafka_settings, topic_prefix,
                                                 config_path, capsys):
     """`serving-fairness submit` prints the result as JSON and exits 1 when it is not ok."""
-    from plumbing.cli import main
+    from app.cli import main
 
     argv = ["submit", "--config", str(config_path), "--org", "nobody", "--endpoint", "embed",
             "--text", "hello", "--bootstrap", kafka_settings.bootstrap, "--timeout-s", "15"]
@@ -288,7 +288,7 @@ async def test_command_reloads_on_sighup_and_stops_on_sigterm(kafka_settings, to
     import sys
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "plumbing.cli", "admission", "--config", str(config_path),
+        sys.executable, "-m", "app.cli", "admission", "--config", str(config_path),
         "--bootstrap", kafka_settings.bootstrap, "--kafka-session-timeout-ms", "2000",
         "--kafka-heartbeat-interval-ms", "500",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,

@@ -8,10 +8,10 @@ import pytest
 
 from plumbing.kafka import KafkaSettings
 from plumbing.topics import ensure_topics
-from scheduler.calibrate import calibrate
 from schemas.codec import codec_for
 from schemas.messages import Result
 from tests.integration.pipeline_setup import produce
+from traffic.calibrate import calibrate
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ def test_demo_log_file_is_json_lines_with_request_org_and_batch_ids(tmp_path: Pa
     request_id and org, batches their batch_id, and every service process logs its totals."""
     log_file, figures_file = tmp_path / "services.log", tmp_path / "demo.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "plumbing.cli", "demo", "--model", "fake", "--burst", "60",
+        [sys.executable, "-m", "app.cli", "demo", "--model", "fake", "--burst", "60",
          "--quiet", "2", "--skip-x5", "--timeout-s", "120", "--log-level", "debug",
          "--log-file", str(log_file), "--json", str(figures_file)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
@@ -61,7 +61,7 @@ def assert_verdict(proc: subprocess.CompletedProcess, figures: dict) -> None:
     test's; this test checks that the demo judges them from its figures and reports the
     outcome truthfully.
     """
-    from plumbing.demo import FIFO_OVER_DRR_MIN
+    from app.demo import FIFO_OVER_DRR_MIN
 
     phases, checks, bound = figures["phases"], figures["checks"], figures["bound_ms"]
     assert phases and all(p["missing"] == 0 for p in phases.values()), phases

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 from confluent_kafka import Consumer, Producer
 
-from plumbing.stack import Stack
+from app.stack import Stack
 from schemas.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Each service as its own process: SIGTERM stops it cleanly, SIGHUP and file changes reload.
 
-Every test starts ``python -m plumbing.cli <service>`` against the session
+Every test starts ``python -m app.cli <service>`` against the session
 broker with JSON logs to a file, sends it a little traffic, then SIGTERM,
 and checks what an operator relies on: exit status 0, one totals line, and
 the group's committed offsets (done work committed, held work not, so a
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import TopicPartition
 
+from app.processes import free_port
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
-from plumbing.processes import free_port
 from schemas.codec import codec_for
 from schemas.messages import AdmittedRequest, Batch, EmbedInput
 
@@ -67,7 +67,7 @@ class Service:
                "SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "plumbing.cli", *args, "--bootstrap", bootstrap,
+                [sys.executable, "-m", "app.cli", *args, "--bootstrap", bootstrap,
                  "--metrics-port", str(self.port)],
                 cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from plumbing.stack import Stack
-from producer.replay import ReplaySettings, replay
-from producer.replay_sources import ReplayItem
+from app.stack import Stack
 from schemas.config import Config, parse_config
 from schemas.messages import EmbedInput, Request
+from traffic.replay import ReplaySettings, replay
+from traffic.replay_sources import ReplayItem
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Observability of a live pipeline: /metrics under load, /readyz against a lost broker, JSON logs.
 
-One in-process :class:`~plumbing.stack.Stack` (admission, scheduler, one
+One in-process :class:`~app.stack.Stack` (admission, scheduler, one
 fake-model worker, each with its own ``/metrics`` on a free port) serves a
 small mixed load while the structlog stream is captured; the metric and
 log tests read that one run. The readiness test runs a second stack on a
@@ -23,10 +23,10 @@ import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.stack import Stack
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
 from plumbing.logs import configure_logging
-from plumbing.stack import Stack
 from plumbing.topics import delete_topics, describe_topics
 from producer.client import FairnessClient
 from schemas.config import Config, parse_config

@@ -1,7 +1,7 @@
 """Every request option through the live pipeline, on the real MiniLM, against sentence-transformers.
 
 Admission, scheduler and workers run in-process on the session's embedded
-broker (``plumbing.stack.Stack``) with all-MiniLM-L6-v2 from its wheel;
+broker (``app.stack.Stack``) with all-MiniLM-L6-v2 from its wheel;
 requests go in through the client library, one at a time, so each is served
 in a micro-batch of its own texts and the reference, one
 ``SentenceTransformer.encode`` call over the same texts, pads the same way.
@@ -26,9 +26,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from app.stack import Stack
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings, make_producer
-from plumbing.stack import Stack
 from plumbing.topics import delete_topics, describe_topics
 from producer.client import FairnessClient, decode_embeddings, embed_input, rerank_input
 from schemas.config import parse_config

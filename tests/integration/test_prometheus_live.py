@@ -38,10 +38,10 @@ from pathlib import Path
 
 import pytest
 
+from app.processes import free_port
+from app.stack import Stack
 from plumbing.kafka import KafkaSettings, make_producer
-from plumbing.processes import free_port
 from plumbing.scrape import static_config
-from plumbing.stack import Stack
 from schemas.codec import codec_for, content_type
 from schemas.config import Config, parse_config
 from schemas.messages import AdmittedRequest

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import TopicPartition
 
+from app.replay_cli import add_arguments, replay_command
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
 from plumbing.topics import ensure_topics
-from producer.replay import ReplaySettings, replay
-from producer.replay_cli import add_arguments, replay_command
-from producer.replay_sources import read_window
-from scheduler.trace import TraceRecord, noisy_neighbour, write_trace
 from schemas.codec import codec_for, content_type, format_from_headers
 from schemas.config import Config, parse_config
 from schemas.messages import EmbedInput, Request, RerankInput
 from schemas.topics import Topics
+from traffic.replay import ReplaySettings, replay
+from traffic.replay_sources import read_window
+from traffic.trace import TraceRecord, noisy_neighbour, write_trace
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config.toml"
 _codec = codec_for(Request)

@@ -13,7 +13,7 @@ from producer.throttle import ThrottleState
 from schemas.codec import DecodeError, codec_for, format_from_headers
 from schemas.messages import EmbedInput, LaneState, Request, RequestId, SchedulerState
 from tests.admission_setup import NOW_MS, make_config, request_dict, request_json
-from worker.tokenizer import load_token_counter
+from tokens.counting import load_token_counter
 
 CFG = make_config()
 COUNTER = load_token_counter("fake")

@@ -13,7 +13,7 @@ from producer.throttle import ThrottleState
 from schemas.config import ConfigError, parse_config
 from schemas.messages import EmbedInput, RerankInput
 from tests.admission_setup import NOW_MS, TOML, request_json
-from worker.tokenizer import WhitespaceTokenCounter
+from tokens.counting import WhitespaceTokenCounter
 
 
 def options_config(**embed):

@@ -8,13 +8,13 @@ import json
 import msgspec
 import pytest
 
-from scheduler import calibrate as cal
-from scheduler.calibrate import CalibratedPipeline, Calibration, EndpointFit, Figure
-from scheduler.report import percentile
-from scheduler.simulate import ServiceModel, SimSettings, add_arguments, run, simulate
-from scheduler.trace import TraceRecord
 from schemas.config import parse_config
 from schemas.messages import Result
+from traffic import calibrate as cal
+from traffic.calibrate import CalibratedPipeline, Calibration, EndpointFit, Figure
+from traffic.report import percentile
+from traffic.simulate import ServiceModel, SimSettings, add_arguments, run, simulate
+from traffic.trace import TraceRecord
 
 CONFIG = parse_config("""
 [service]

@@ -3,7 +3,7 @@
 import argparse
 import io
 
-from plumbing.demo import Phase, Sent, _summary
+from app.demo import Phase, Sent, _summary
 from schemas.messages import Result
 
 FULL_MS = 300.0

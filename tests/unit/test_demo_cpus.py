@@ -2,7 +2,7 @@
 
 import pytest
 
-from plumbing import demo
+from app import demo
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from plumbing.cli import COMMANDS
+from app.cli import COMMANDS
 from schemas.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,6 +16,7 @@ from tests.fixtures.tiny_models import (
     build_tiny_cross_encoder,
     build_tiny_sentence_transformer,
 )
+from tokens.counting import load_token_counter
 from worker.interface import CosineReranker, Embedder, Reranker
 from worker.microbatch import plan_microbatches
 from worker.models import (
@@ -25,7 +26,6 @@ from worker.models import (
     load_embedder,
     load_reranker,
 )
-from worker.tokenizer import load_token_counter
 
 # Before any model loads: the worker imports huggingface lazily, so this still
 # takes effect, and a hub lookup fails in 0.1 s instead of retrying for ~70 s.

@@ -6,8 +6,8 @@ import asyncio
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from producer.replay_fairness import FairnessSampler
 from scheduler.fairness_metrics import FairnessMetrics
+from traffic.replay_fairness import FairnessSampler
 
 
 def test_the_sampler_keeps_the_largest_gap_and_wait_and_the_lowest_jain():

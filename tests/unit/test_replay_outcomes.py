@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from producer.replay_outcomes import live_jain, outcomes_of, peak_per_s
-from producer.replay_sources import ReplayItem
-from scheduler.report import Outcome
 from schemas.config import load_config
 from schemas.messages import EmbedInput, Request, Result
+from traffic.replay_outcomes import live_jain, outcomes_of, peak_per_s
+from traffic.replay_sources import ReplayItem
+from traffic.report import Outcome
 
 CONFIG = load_config(Path(__file__).resolve().parents[2] / "examples" / "config.toml")
 WALL0 = 1_700_000_000.0
@@ -101,7 +101,7 @@ def test_peak_per_second():
 
 def test_batch_time_fitted_from_results():
     """Per-batch model time (summed shares) fits overhead + ms/token; too little data gives None."""
-    from producer.replay_outcomes import fit_batch_time
+    from traffic.replay_outcomes import fit_batch_time
 
     results = []
     for b, (n, tokens) in enumerate([(2, 50), (4, 50), (8, 50)]):

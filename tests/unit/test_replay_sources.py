@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from producer.replay_sources import ReplayItem, items_from_trace, parse_time_ms, to_trace
-from producer.textsynth import TextSynth
-from scheduler.trace import TraceRecord
 from schemas.config import load_config
 from schemas.messages import EmbedInput, Request, RerankInput
-from worker.tokenizer import WhitespaceTokenCounter
+from tokens.counting import WhitespaceTokenCounter
+from traffic.replay_sources import ReplayItem, items_from_trace, parse_time_ms, to_trace
+from traffic.textsynth import TextSynth
+from traffic.trace import TraceRecord
 
 CONFIG = load_config(Path(__file__).resolve().parents[2] / "examples" / "config.toml")
 

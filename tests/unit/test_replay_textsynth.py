@@ -7,9 +7,9 @@ from functools import cache
 
 import pytest
 
-from producer.textsynth import SynthError, TextSynth
 from schemas.messages import EmbedInput, RerankInput
-from worker.tokenizer import WhitespaceTokenCounter, load_token_counter
+from tokens.counting import WhitespaceTokenCounter, load_token_counter
+from traffic.textsynth import SynthError, TextSynth
 
 TARGETS = [1, 2, 3, 4, 5, 7, 16, 63, 64, 200, 255, 256, 257, 511, 1000, 2048]
 

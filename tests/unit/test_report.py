@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from scheduler.report import (
+from traffic.report import (
     Outcome,
     QueueSample,
     add_arguments,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.report import percentile
-from scheduler.simulate import (
+from schemas.config import load_config, parse_config
+from traffic.report import percentile
+from traffic.simulate import (
     PipelineAdmission,
     ServiceModel,
     SimResult,
@@ -20,8 +21,7 @@ from scheduler.simulate import (
     run,
     simulate,
 )
-from scheduler.trace import TraceRecord, backlogged, noisy_neighbour
-from schemas.config import load_config, parse_config
+from traffic.trace import TraceRecord, backlogged, noisy_neighbour
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONFIG = load_config(EXAMPLES / "config.toml")
@@ -245,7 +245,7 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_cli_json_has_the_documented_keys(tmp_path, capsys):
     """``simulate --json`` writes per-org counts and latencies, throughput and Jain's index."""
     trace = tmp_path / "t.jsonl"
-    from scheduler.trace import write_trace
+    from traffic.trace import write_trace
 
     write_trace(trace, noisy_neighbour(500))
     out = tmp_path / "s.json"

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.simulate import ServiceModel, SimSettings, simulate
-from scheduler.trace import TraceRecord
 from schemas.config import parse_config
 from tests.core_setup import ENDPOINT, config_dict, config_for
+from traffic.simulate import ServiceModel, SimSettings, simulate
+from traffic.trace import TraceRecord
 
 #: 10 ms per batch + 1 ms per token: 100 tokens in 0.11 s, 200 in 0.21 s.
 ROUND = ServiceModel(overhead_ms=10.0, ms_per_token=1.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.trace import (
+from traffic.trace import (
     TraceError,
     TraceRecord,
     add_arguments,

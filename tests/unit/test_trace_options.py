@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from producer.replay_sources import (
+from schemas.config import load_config
+from schemas.messages import EmbedInput, Request, RerankInput
+from schemas.options import RequestOptions
+from tokens.counting import WhitespaceTokenCounter
+from traffic.replay_sources import (
     ReplayError,
     ReplayItem,
     items_from_trace,
     options_of,
     to_trace,
 )
-from producer.textsynth import TextSynth
-from scheduler.trace import TraceError, decode_trace, read_trace, write_trace
-from schemas.config import load_config
-from schemas.messages import EmbedInput, Request, RerankInput
-from schemas.options import RequestOptions
-from worker.tokenizer import WhitespaceTokenCounter
+from traffic.textsynth import TextSynth
+from traffic.trace import TraceError, decode_trace, read_trace, write_trace
 
 CONFIG = load_config(Path(__file__).resolve().parents[2] / "examples" / "config.toml")
 

@@ -8,19 +8,19 @@ import sys
 import numpy as np
 import pytest
 
+from tokens.counting import WhitespaceTokenCounter, load_token_counter
 from worker.fake import FakeEmbedder, FakeReranker, parse_fake_spec
 from worker.interface import Embedder, Reranker
 from worker.microbatch import plan_microbatches
 from worker.models import load_embedder, load_reranker
-from worker.tokenizer import WhitespaceTokenCounter, load_token_counter
 
 
 def test_worker_modules_import_without_torch():
     """Fakes, loaders, planner and token counter import without torch or transformers."""
     code = (
-        "import sys, worker.fake, worker.models, worker.microbatch, worker.tokenizer, "
+        "import sys, worker.fake, worker.models, worker.microbatch, tokens.counting, "
         "worker.interface; e = worker.models.load_embedder('fake'); e.encode(['a b']); "
-        "worker.tokenizer.load_token_counter('fake').count(['a']); "
+        "tokens.counting.load_token_counter('fake').count(['a']); "
         "print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers') "
         "if m in sys.modules))"
     )

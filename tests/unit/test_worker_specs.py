@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tokens.counting import TokenizersCounter, load_token_counter
 from worker.models import (
     WHEEL_MODELS,
     ModelSpecError,
@@ -18,7 +19,6 @@ from worker.models import (
     model_max_seq_length,
     resolve_model_path,
 )
-from worker.tokenizer import TokenizersCounter, load_token_counter
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -5,8 +5,8 @@ units, a legend. The orgs with the most requests are named (up to
 ``MAX_NAMED``, each with the same colour in every plot) and the rest are
 grouped as "other". Matplotlib runs on the Agg backend: no display needed.
 
-Plots, all from the report's inputs (:class:`~scheduler.report.Outcome` and
-:class:`~scheduler.report.QueueSample`), so a simulated and a live run of
+Plots, all from the report's inputs (:class:`~traffic.report.Outcome` and
+:class:`~traffic.report.QueueSample`), so a simulated and a live run of
 one trace draw the same pictures:
 
 * ``latency_cdf.png`` -- per org, the share of its completed requests done
@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from scheduler.report import Outcome, QueueSample, percentile
+from traffic.report import Outcome, QueueSample, percentile
 
 __all__ = ["MAX_NAMED", "write_plots"]
 

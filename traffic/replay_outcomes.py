@@ -1,6 +1,6 @@
 """What a replay's results say: one outcome per request, stage times, batch-time fit, Jain.
 
-Pure functions over the results :mod:`producer.replay` collected, so they
+Pure functions over the results :mod:`traffic.replay` collected, so they
 are tested without a broker.
 """
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from producer.replay_sources import (
+from schemas.config import Config
+from schemas.messages import Result
+from traffic.replay_sources import (
     ReplayItem,
 )
-from scheduler.report import (
+from traffic.report import (
     Outcome,
     percentile,
 )
-from schemas.config import Config
-from schemas.messages import Result
 
 __all__ = ["fit_batch_time", "live_jain", "outcomes_of", "peak_per_s", "stage_table"]
 
@@ -144,7 +144,7 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
               min_batches: int = 3) -> tuple[float | None, list[dict]]:
     """Jain's index over backlogged orgs, estimated from a live run's outcomes.
 
-    The simulator's definition (:mod:`scheduler.simulate`) needs the
+    The simulator's definition (:mod:`traffic.simulate`) needs the
     scheduler's queues; a replay only has each request's admission and
     dispatch times. So an org counts as backlogged across a batch when one
     of its requests was admitted at least ``hop_s`` before the batch was
@@ -157,7 +157,7 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
     index of the set with the most served tokens and the ten largest sets,
     as the simulator reports them.
     """
-    from scheduler.simulate import JainGroup
+    from traffic.simulate import JainGroup
 
     events: list[tuple[float, int, str, Any]] = []
     batches: dict[str, list[Outcome]] = {}

@@ -39,12 +39,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plumbing.demo_burst import burst_main
-from plumbing.demo_burst import text as _text
+from app.demo_burst import burst_main
+from app.demo_burst import text as _text
 from plumbing.kafka import KafkaSettings
-from producer.stages import STAGES, percentile_ms, span_times, stage_line, stage_times
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Result
+from traffic.stages import STAGES, percentile_ms, span_times, stage_line, stage_times
 
 __all__ = ["add_arguments", "run"]
 
@@ -89,7 +89,7 @@ def _fmt(x: float | None) -> str:
 
 
 class Burst:
-    """The bursting org, sending from a process of its own (:mod:`plumbing.demo_burst`)."""
+    """The bursting org, sending from a process of its own (:mod:`app.demo_burst`)."""
 
     ORG = "bulkcorp"
 
@@ -254,8 +254,8 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                      worker_cpus: dict[str, set[int]] | None = None,
                      burst_nice: int = 10) -> Phase:
     """One phase on a fresh embedded broker, the services as separate processes."""
+    from app.processes import ProcessStack
     from plumbing.broker import EmbeddedBroker
-    from plumbing.processes import ProcessStack
     from producer.client import FairnessClient
 
     async with EmbeddedBroker() as broker:
@@ -411,7 +411,7 @@ def _quiet_results(phase: Phase) -> list[tuple[Result, float]]:
 
 
 def _stage_times(phase: Phase) -> dict[str, list[float]]:
-    """Milliseconds per stage of the quiet orgs' ok requests (:mod:`producer.stages`)."""
+    """Milliseconds per stage of the quiet orgs' ok requests (:mod:`traffic.stages`)."""
     return stage_times(_quiet_results(phase))
 
 

@@ -6,7 +6,7 @@ needs inputs that *cost the same*: admission counts the tokens of what it
 receives with the endpoint's tokenizer, and that count drives the rate
 limits, the throttle and the DRR cost. So texts are built from words the
 tokenizer keeps whole (one token each) and then checked with the same
-:class:`~worker.tokenizer.TokenCounter` admission uses, adding or removing
+:class:`~tokens.counting.TokenCounter` admission uses, adding or removing
 words until the count matches. For WordPiece (MiniLM) and the fake models'
 whitespace counter the first guess is exact; other tokenizers converge in a
 step or two, or end within a token or two of the target.
@@ -33,7 +33,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from schemas.messages import EmbedInput, Input, RerankInput
-from worker.tokenizer import TokenCounter
+from tokens.counting import TokenCounter
 
 __all__ = ["SynthError", "TextSynth"]
 

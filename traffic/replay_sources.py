@@ -2,11 +2,11 @@
 
 Both give a list of :class:`ReplayItem` in time order, ``ts`` in seconds
 from the first, each a :class:`~schemas.messages.Request` as it was
-recorded (original id) with its token count. :mod:`producer.replay` sends
+recorded (original id) with its token count. :mod:`traffic.replay` sends
 them; :func:`to_trace` turns them back into a trace for ``simulate``.
 
 * :func:`items_from_trace`: one request per trace line; a line with only
-  ``tokens`` gets texts made up to that count (:mod:`producer.textsynth`).
+  ``tokens`` gets texts made up to that count (:mod:`traffic.textsynth`).
   A line's ``options`` go into the request's input as they are (an option
   of the other input kind is a :class:`ReplayError`).
 * :func:`read_window`: the requests a topic holds between two times. Each
@@ -33,12 +33,12 @@ from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import KafkaSettings, make_consumer
 from plumbing.topics import describe_topics
-from producer.textsynth import TextSynth
-from scheduler.trace import TraceRecord
 from schemas.codec import DecodeError, Format, codec_for, format_from_headers
 from schemas.config import Config
 from schemas.messages import EmbedInput, Input, Request, RerankInput
 from schemas.options import RequestOptions
+from traffic.textsynth import TextSynth
+from traffic.trace import TraceRecord
 
 __all__ = [
     "ReplayError",

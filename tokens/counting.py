@@ -25,20 +25,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from worker.fake import (
+from tokens.specs import (
     FAKE_DIM,
     FAKE_MAX_SEQ_LENGTH,
-    is_fake_spec,
-    parse_fake_spec,
-    whitespace_token_count,
-)
-from worker.models import (
     NO_LENGTH_LIMIT,
     ModelKind,
     detect_model_kind,
+    is_fake_spec,
     model_dimension,
     model_max_seq_length,
+    parse_fake_spec,
     resolve_model_path,
+    whitespace_token_count,
 )
 
 if TYPE_CHECKING:

@@ -6,9 +6,9 @@ Two sources, one path::
     serving-fairness replay --config C --bootstrap B --from-topic sf.requests \\
         --since 2025-01-01T10:00:00Z [--until ...] [--to-topic ...]
 
-* **A traffic log** (:mod:`scheduler.trace`): every line becomes a request.
+* **A traffic log** (:mod:`traffic.trace`): every line becomes a request.
   Lines with ``tokens`` and no ``texts`` get texts made up to that count with
-  the endpoint's own tokenizer (:mod:`producer.textsynth`), so admission
+  the endpoint's own tokenizer (:mod:`traffic.textsynth`), so admission
   counts what the trace says (the margin is printed); rerank lines get a
   query and documents.
 * **A time window of a topic** (``--from-topic``, ``--since``, ``--until``,
@@ -31,7 +31,7 @@ production traffic and its deadlines keep their meaning. ``--to-topic``
 pipeline with another prefix for a what-if run.
 
 Results are collected with :class:`producer.client.FairnessClient`. Every
-request ends as one :class:`scheduler.report.Outcome`: ``ok``, ``rejected``,
+request ends as one :class:`traffic.report.Outcome`: ``ok``, ``rejected``,
 ``expired``, ``invalid``, ``failed`` (including a send the broker refused),
 or ``missing`` when nothing came back within ``--timeout-s`` after the last
 send; none is dropped. Outcome ids are the *original* ids, so a replay and
@@ -40,10 +40,10 @@ the scheduled start; a request's latency runs from its send to the end of
 its batch (the worker's ``completed_ms``, clamped to when the result was
 received, so clock skew cannot make it negative). The scheduler-state
 topic gives the queue samples. Jain's index is estimated from the results
-(see :func:`producer.replay_outcomes.live_jain`).
+(see :func:`traffic.replay_outcomes.live_jain`).
 
-This module sends and collects; :mod:`producer.replay_outcomes` turns what came
-back into outcomes, stage times and a live Jain index; :mod:`producer.replay_cli`
+This module sends and collects; :mod:`traffic.replay_outcomes` turns what came
+back into outcomes, stage times and a live Jain index; :mod:`app.replay_cli`
 is the ``serving-fairness replay`` subcommand.
 
 ``--report DIR`` writes the same report as ``simulate`` (tables, plots)
@@ -83,20 +83,20 @@ from plumbing.kafka import (
 from plumbing.outbox import Outbox, Written
 from plumbing.topics import describe_topics, ensure_topics
 from producer.client import FairnessClient
-from producer.replay_outcomes import fit_batch_time, outcomes_of, peak_per_s
-from producer.replay_sources import (
-    ReplayError,
-    ReplayItem,
-)
-from scheduler.report import (
-    Outcome,
-    QueueSample,
-    percentile,
-)
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config
 from schemas.messages import Request, Result, SchedulerState
 from schemas.topics import Topics
+from traffic.replay_outcomes import fit_batch_time, outcomes_of, peak_per_s
+from traffic.replay_sources import (
+    ReplayError,
+    ReplayItem,
+)
+from traffic.report import (
+    Outcome,
+    QueueSample,
+    percentile,
+)
 
 __all__ = ["ReplayRun", "ReplaySettings", "replay"]
 

@@ -17,16 +17,16 @@ __all__ = ["COMMANDS", "main"]
 
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("plumbing.demo", "run the whole pipeline on an embedded broker with noisy-neighbour traffic"),
-    "stack": ("plumbing.stack", "run admission, scheduler and workers together in one process"),
+    "demo": ("app.demo", "run the whole pipeline on an embedded broker with noisy-neighbour traffic"),
+    "stack": ("app.stack", "run admission, scheduler and workers together in one process"),
     "admission": ("producer.service", "run the admission service (rate limits, throttle)"),
     "scheduler": ("scheduler.service", "run the fair scheduler service"),
     "worker": ("worker.service", "run an inference worker for one endpoint"),
     "submit": ("producer.client", "send one request and print its result"),
-    "replay": ("producer.replay_cli", "replay a traffic log or a time window of a topic through the pipeline"),
-    "simulate": ("scheduler.simulate", "run a trace through the scheduler core on a virtual clock"),
-    "trace": ("scheduler.trace", "generate example traffic logs"),
-    "report": ("scheduler.report", "compare reports side by side"),
+    "replay": ("app.replay_cli", "replay a traffic log or a time window of a topic through the pipeline"),
+    "simulate": ("traffic.simulate", "run a trace through the scheduler core on a virtual clock"),
+    "trace": ("traffic.trace", "generate example traffic logs"),
+    "report": ("traffic.report", "compare reports side by side"),
     "topics": ("plumbing.topics", "create every topic of a configuration (idempotent)"),
 }
 

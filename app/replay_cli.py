@@ -1,6 +1,6 @@
-"""``serving-fairness replay``: the command line around :func:`producer.replay.replay`.
+"""``serving-fairness replay``: the command line around :func:`traffic.replay.replay`.
 
-See :mod:`producer.replay` for what a replay does; this module parses the
+See :mod:`traffic.replay` for what a replay does; this module parses the
 flags, loads the items (a traffic log or a topic window), starts the
 pipeline in-process when no cluster is given, and writes the report.
 """
@@ -24,10 +24,11 @@ from plumbing.kafka import (
     kafka_endpoint,
     settings_from_args,
 )
-from producer.replay import ReplayRun, ReplaySettings, replay
-from producer.replay_fairness import FairnessSampler, http_metrics
-from producer.replay_outcomes import live_jain, stage_table
-from producer.replay_sources import (
+from schemas.config import Config, ConfigError, load_config
+from traffic.replay import ReplayRun, ReplaySettings, replay
+from traffic.replay_fairness import FairnessSampler, http_metrics
+from traffic.replay_outcomes import live_jain, stage_table
+from traffic.replay_sources import (
     ReplayError,
     ReplayItem,
     items_from_trace,
@@ -35,15 +36,14 @@ from producer.replay_sources import (
     read_window,
     to_trace,
 )
-from producer.textsynth import TextSynth
-from scheduler.report import (
+from traffic.report import (
     compare,
     format_table,
     summarize,
     write_report,
 )
-from scheduler.trace import TraceError, read_trace, write_trace
-from schemas.config import Config, ConfigError, load_config
+from traffic.textsynth import TextSynth
+from traffic.trace import TraceError, read_trace, write_trace
 from worker.fake import is_fake_spec
 
 __all__ = ["add_arguments", "replay_command", "run"]
@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else each endpoint's model, as admission does)")
     parser.add_argument("--compare-simulate", action="store_true",
                         help="also simulate the same traffic, with the pipeline's model fitted "
-                             "to this replay (scheduler/calibrate.py), and write compare.md")
+                             "to this replay (traffic/calibrate.py), and write compare.md")
     parser.add_argument("--sim-uncalibrated", action="store_true",
                         help="simulation: no fitted pipeline, only a batch time per token "
                              "(as before calibration; also when --sim-overhead-ms or "
@@ -145,7 +145,7 @@ async def replay_command(args: argparse.Namespace) -> int:
 
 
 def _counter_spec(args: argparse.Namespace, config: Config, endpoint: str) -> str:
-    """The spec admission counts ``endpoint``'s tokens with (see :class:`plumbing.stack.Stack`)."""
+    """The spec admission counts ``endpoint``'s tokens with (see :class:`app.stack.Stack`)."""
     if args.token_counter:
         return args.token_counter
     if args.in_process and args.model and is_fake_spec(args.model):
@@ -158,7 +158,7 @@ async def _load_items(args: argparse.Namespace, config: Config, kafka: KafkaSett
                       since: int | None, until: int | None
                       ) -> tuple[list[ReplayItem], str, dict[str, Any] | None]:
     """The items to send, a name for their source, and the token margin (traces)."""
-    from worker.tokenizer import load_token_counter
+    from tokens.counting import load_token_counter
 
     synths: dict[str, TextSynth] = {}
     counters: dict[str, Any] = {}
@@ -201,7 +201,7 @@ async def _load_items(args: argparse.Namespace, config: Config, kafka: KafkaSett
 
 async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
                 since: int | None, until: int | None) -> int:
-    from plumbing.stack import Stack
+    from app.stack import Stack
 
     if args.processes:
         # Before the embedded broker starts, so that it too stays off the workers' CPUs.
@@ -245,7 +245,7 @@ async def _replay_in_processes(args: argparse.Namespace, config: Config, kafka: 
     """The replay against admission, scheduler and workers started as processes of their own."""
     import contextlib
 
-    from plumbing.processes import ProcessStack
+    from app.processes import ProcessStack
 
     endpoints = sorted({it.request.endpoint for it in items} & set(config.endpoints))
     cpus = {name: c for name, c in (args.cpus or {}).items()
@@ -272,7 +272,7 @@ def _pin_workers(config: Config) -> dict[str, set[int]] | None:
     sender, the embedded broker, the other services) on the rest. None: not possible here."""
     import os
 
-    from plumbing.demo import plan_cpus
+    from app.demo import plan_cpus
 
     plan = plan_cpus(list(config.endpoints), 1)
     if plan is None:
@@ -357,13 +357,13 @@ def _finish(args: argparse.Namespace, config: Config, items: Sequence[ReplayItem
     compare_text = None
     sim_summary = None
     if args.compare_simulate:
-        from scheduler.calibrate import (
+        from traffic.calibrate import (
             CalibratedPipeline,
             fit,
             format_fit,
             observations_from_results,
         )
-        from scheduler.simulate import PipelineAdmission, ServiceModel, SimSettings, simulate
+        from traffic.simulate import PipelineAdmission, ServiceModel, SimSettings, simulate
 
         overhead, per_token, how = _sim_service(args, st.get("model_fit"))
         pipeline, fitted = None, ""

@@ -11,7 +11,7 @@ compare line by line (:func:`compare`).
 A report directory holds ``report.json`` (:func:`summarize`), ``report.md``
 (the same as tables), ``outcomes.jsonl`` and ``samples.jsonl`` (the inputs,
 to join runs request by request or re-render) and the plots of
-:mod:`scheduler.plots`.
+:mod:`traffic.plots`.
 
 Definitions used throughout:
 
@@ -360,7 +360,7 @@ def write_report(
     _write_jsonl(out / "samples.jsonl", samples)
     files: list[str] = []
     if plots:
-        from scheduler.plots import write_plots  # matplotlib only when plots are asked for
+        from traffic.plots import write_plots  # matplotlib only when plots are asked for
 
         files = [p.name for p in write_plots(out, outcomes, samples, title=title)]
     (out / "report.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -84,10 +84,10 @@ from typing import Any, Protocol
 
 from scheduler.core import Policy, Scheduler
 from scheduler.entry import Entry
-from scheduler.report import Outcome, QueueSample, compare, format_table, summarize, write_report
-from scheduler.trace import TraceError, TraceRecord, read_trace
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import LaneState, SchedulerState
+from traffic.report import Outcome, QueueSample, compare, format_table, summarize, write_report
+from traffic.trace import TraceError, TraceRecord, read_trace
 
 __all__ = [
     "Admission",
@@ -122,7 +122,7 @@ class ServiceModel:
 
 
 class Pipeline(Protocol):
-    """The live pipeline around the scheduler, fitted to a run (:mod:`scheduler.calibrate`).
+    """The live pipeline around the scheduler, fitted to a run (:mod:`traffic.calibrate`).
 
     Without one, admission is instant, a freed slot is refilled at once and a
     batch takes :class:`ServiceModel` time, every request done with its batch.
@@ -214,7 +214,7 @@ class SimResult:
         return max(self.groups, key=lambda g: sum(g.served.values()), default=None)
 
     def summary(self) -> dict[str, Any]:
-        """:func:`scheduler.report.summarize` plus ``jain_index``, ``jain`` and ``meta``."""
+        """:func:`traffic.report.summarize` plus ``jain_index``, ``jain`` and ``meta``."""
         g = self.main_group
         groups = sorted(self.groups, key=lambda g: -sum(g.served.values()))[:10]
         extra: dict[str, Any] = {
@@ -527,7 +527,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "measured alone")
     parser.add_argument("--json", metavar="OUT", help="write the summary as JSON")
     parser.add_argument("--report", metavar="DIR", help="write the full report (tables, plots)")
-    cal = parser.add_argument_group("calibration (scheduler/calibrate.py)")
+    cal = parser.add_argument_group("calibration (traffic/calibrate.py)")
     cal.add_argument("--calibrate", metavar="SOURCE",
                      help="fit the workers' batch times and the pipeline's delays to a live "
                           "run and simulate with them: a replay report folder, or topic:NAME "
@@ -547,7 +547,7 @@ def _calibration(args: argparse.Namespace, config: Config):
     if not args.calibrate:
         return None
     from plumbing.kafka import settings_from_args
-    from scheduler.calibrate import calibrate, format_fit
+    from traffic.calibrate import calibrate, format_fit
 
     cal = calibrate(args.calibrate, kafka=settings_from_args(args),
                     microbatch_size=args.microbatch_size,
@@ -583,7 +583,7 @@ def run(args: argparse.Namespace) -> int:
         service = ServiceModel(args.overhead_ms, args.ms_per_token)
         pipeline = None
         if calibration is not None:
-            from scheduler.calibrate import CalibratedPipeline
+            from traffic.calibrate import CalibratedPipeline
 
             pipeline = CalibratedPipeline(calibration, config, service, policy,
                                           fitted_slots=fitted_slots)

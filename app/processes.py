@@ -2,7 +2,7 @@
 
 Admission, the scheduler and one worker per endpoint each run as their own
 ``serving-fairness`` process against a given bootstrap. The demo uses this
-rather than :class:`plumbing.stack.Stack` (one process) because on a small
+rather than :class:`app.stack.Stack` (one process) because on a small
 machine one interpreter's GIL would make every service wait for the others:
 a burst being admitted would then look like scheduler latency, and model
 inference like both.
@@ -89,7 +89,7 @@ class ProcessStack:
     def _spawn(self, name: str, *args: str) -> None:
         port = free_port()
         self._args[name] = args
-        cmd = [sys.executable, "-m", "plumbing.cli", *args,
+        cmd = [sys.executable, "-m", "app.cli", *args,
                *self.extra_args.get(args[0], []), "--config", self.config_path,
                "--bootstrap", self.bootstrap, "--metrics-port", str(port)]
         cpus = self.cpus.get(name, self.cpus.get(args[0]))

@@ -4,7 +4,7 @@
 run, fits, per endpoint, how long the workers take and the fixed delays
 around the scheduler, prints the fitted parameters with their error, and
 simulates with them (a :class:`CalibratedPipeline` plugged into
-:func:`scheduler.simulate.simulate`). ``SOURCE`` is a replay report folder
+:func:`traffic.simulate.simulate`). ``SOURCE`` is a replay report folder
 (its ``results.jsonl``; ``outcomes.jsonl`` where an older report has none) or
 ``topic:NAME``, results read from a topic of a running deployment.
 
@@ -677,10 +677,10 @@ def format_fit(cal: Calibration) -> str:
 
 
 class CalibratedPipeline:
-    """The world around the core as fitted: :class:`scheduler.simulate.Pipeline`.
+    """The world around the core as fitted: :class:`traffic.simulate.Pipeline`.
 
     Endpoints the fit has no data for use ``fallback`` (the simulator's
-    :class:`~scheduler.simulate.ServiceModel`) and no delays.
+    :class:`~traffic.simulate.ServiceModel`) and no delays.
     """
 
     def __init__(self, cal: Calibration, config: Config, fallback, policy: str = "drr",
