@@ -105,8 +105,12 @@ class Service:
         return self.started, "ok" if self.started else "not started"
 
     async def apply(self, config) -> None:
-        """Install a new configuration; raise ConfigError to refuse it."""
-        raise NotImplementedError
+        """Install a new configuration; raise ConfigError to refuse it.
+
+        A service that does not override this does not reload (a worker: its
+        model is fixed at start); a SIGHUP is then logged as ``reload_ignored``.
+        """
+        raise ConfigError([f"a {self.name} does not reload"])
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -240,6 +244,10 @@ class Service:
         A configuration that does not validate, or that :meth:`apply`
         refuses, leaves the running one in force.
         """
+        if type(self).apply is Service.apply:
+            self.log.warning("reload_ignored", detail=f"a {self.name} does not reload; "
+                             "restart it for a new configuration")
+            return False
         async with self._reload_lock:
             try:
                 if config is None:
@@ -252,10 +260,6 @@ class Service:
                 self._reloaded("refused")
                 self.log.error("config_reload_refused", problems=e.problems,
                                detail="the running configuration stays in force")
-                return False
-            except NotImplementedError:
-                self.log.warning("reload_ignored", detail=f"a {self.name} does not reload; "
-                                 "restart it for a new configuration")
                 return False
             except Exception as e:  # noqa: BLE001 - a failed reload must not stop the service
                 self._reloaded("refused")

@@ -38,19 +38,17 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import socket
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Annotated
 
-import msgspec
 import structlog
-from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
+from msgspec import Meta
 from prometheus_client import CollectorRegistry
 
 from plumbing.brokerwatch import BrokerWatch
@@ -60,17 +58,20 @@ from plumbing.kafka import (
     add_kafka_arguments,
     consumer_lag,
     in_group,
-    kafka_endpoint,
     make_consumer,
     make_producer,
-    settings_from_args,
     stop_consumer,
 )
+from plumbing.kafka import settings_from_args as kafka_settings_from_args
 from plumbing.labels import cached_labels
-from plumbing.logs import LogSampler, debug_enabled
+from plumbing.logs import LogSampler, configure_logging, debug_enabled
 from plumbing.offsets import OffsetTracker
 from plumbing.outbox import Outbox, Written
-from plumbing.telemetry import TelemetryServer
+from plumbing.rebalance import Rebalance
+from plumbing.service import Service, serve
+from plumbing.settings import Settings, SettingsError
+from plumbing.settings import add_arguments as add_settings_arguments
+from plumbing.settings import from_args as settings_from_args
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from schemas.codec import DecodeError, codec_for, content_type
@@ -92,39 +93,52 @@ _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
 _CONTENT_TYPE = {fmt: [("content-type", content_type(fmt).encode())] for fmt in ("json", "msgpack")}
 
 
-@dataclass(frozen=True)
-class WorkerSettings:
-    """How one worker runs. The endpoint's batch limits come from the configuration."""
+def _doc(text: str, **limits) -> Meta:
+    return Meta(description=" ".join(text.split()), **limits)
 
-    endpoint: str
-    #: Model spec; None uses the endpoint's ``model`` (``fake`` for tests).
-    model: str | None = None
-    #: Batches held at once; None uses ``service.worker_slots``. 2 lets the
-    #: next batch wait in hand while one computes, so the model never idles.
-    slots: int | None = None
-    #: Unique per process; the scheduler counts slots by it.
-    worker_id: str | None = None
-    #: torch intra-op threads; None leaves torch's default.
-    threads: int | None = None
-    device: str | None = None
-    #: Micro-batch budget: texts x longest text, in tokens. Bounds memory
-    #: and keeps the first results early.
-    microbatch_padded_tokens: int = 4096
-    microbatch_size: int = 32
-    #: How long a rebalance waits for batches in hand on revoked partitions,
-    #: so they commit here rather than run again elsewhere.
-    revoke_wait_s: float = 5.0
-    #: Run a few batches of different shapes before joining the group: the
-    #: first calls of a shape are slow (kernel selection, allocator growth),
-    #: and the first real requests should not pay for that.
-    warm_up: bool = True
-    #: Per-batch and per-request lines logged per second at info/warning;
-    #: the rest of a burst goes to debug and into the totals line.
-    log_lines_per_s: int = 20
-    #: Period of the ``worker_totals`` info line.
-    totals_log_interval_s: float = 30.0
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None
+
+class WorkerSettings(Settings, frozen=True):
+    """How one worker runs. The endpoint's batch limits come from the configuration.
+
+    Every field is also a flag (``--microbatch-size``) and an environment
+    variable (``SF_WORKER_MICROBATCH_SIZE``), see :mod:`plumbing.settings`.
+    """
+
+    endpoint: Annotated[str, _doc("The endpoint this worker serves.")]
+    model: Annotated[str | None, _doc(
+        "Model spec; unset: the endpoint's model ('fake' for tests).")] = None
+    slots: Annotated[int | None, _doc(
+        "The most batches held at once whose credit is not returned; unset: "
+        "service.worker_slots.")] = None
+    worker_id: Annotated[str | None, _doc(
+        "Unique per process; the scheduler counts credit by it (unset: "
+        "host-pid-random).")] = None
+    threads: Annotated[int | None, _doc("torch intra-op threads; unset: torch's default.")] = None
+    device: Annotated[str | None, _doc(
+        "cpu, cuda, cuda:1...; unset: CUDA when torch sees a GPU, else the CPU.")] = None
+    microbatch_tokens: Annotated[int, _doc(
+        "Micro-batch budget in padded tokens (texts x longest text): bounds memory and "
+        "keeps the first results early.", ge=1)] = 4096
+    microbatch_size: Annotated[int, _doc("Texts per micro-batch at most.", ge=1)] = 32
+    revoke_wait_s: Annotated[float, _doc(
+        "How long a rebalance waits for batches in hand on revoked partitions, so they "
+        "commit here rather than run again elsewhere.", ge=0)] = 5.0
+    drain_s: Annotated[float, _doc(
+        "How long a stop waits for the batches in hand to finish.", ge=0)] = 60.0
+    warm_up: Annotated[bool, _doc(
+        "Run a few batches of different shapes before joining the group: the first calls "
+        "of a shape are slow (kernel selection, allocator growth), and the first real "
+        "requests should not pay for that.")] = True
+    log_lines_per_s: Annotated[int, _doc(
+        "Per-batch and per-request lines logged per second at info/warning; the rest of "
+        "a burst goes to debug and into the totals line.", ge=0)] = 20
+    totals_log_interval_s: Annotated[float, _doc(
+        "Period of the worker_totals info line.", gt=0)] = 30.0
+    metrics_host: Annotated[str, _doc(
+        "Address of /metrics, /healthz and /readyz (0.0.0.0 in a container).")] = "127.0.0.1"
+    metrics_port: Annotated[int | None, _doc(
+        "Port of /metrics, /healthz and /readyz; unset: no HTTP endpoint, 0: any free "
+        "port.")] = None
 
 
 def warm_up(model, kind: str) -> None:
@@ -197,27 +211,18 @@ def load_model(config: Config, endpoint: str, spec: str | None = None, device: s
     return load_reranker(spec, kind=ep.rerank_method, device=device)
 
 
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, service: WorkerService):
-        self.service = service
-
-    async def on_partitions_revoked(self, revoked):
-        await self.service._on_revoked(list(revoked))
-
-    async def on_partitions_assigned(self, assigned):
-        await self.service._on_assigned(list(assigned))
-
-
-class WorkerService:
+class WorkerService(Service):
     """A worker: ``async with WorkerService(config, kafka, settings) as w: await w.run()``."""
+
+    name = "worker"
 
     def __init__(self, config: Config, kafka: KafkaSettings, settings: WorkerSettings, *,
                  registry: CollectorRegistry | None = None, model=None):
-        if settings.endpoint not in config.endpoints:
-            known = ", ".join(config.endpoints)
-            raise ConfigError([f"--endpoint {settings.endpoint!r} is not configured ({known})"])
-        self.config = config
-        self.kafka = kafka
+        self.check(config, settings)
+        super().__init__(config, kafka, registry=registry,
+                         totals_log_interval_s=settings.totals_log_interval_s,
+                         metrics_host=settings.metrics_host, metrics_port=settings.metrics_port,
+                         stop_grace_s=settings.drain_s + 5)
         self.settings = settings
         self.endpoint = settings.endpoint
         self.kind = config.endpoints[self.endpoint].kind
@@ -226,7 +231,6 @@ class WorkerService:
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
         self.topics = Topics.of(config)
         self.batch_topic = self.topics.batches(self.endpoint)
-        self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry)
         results, latency = (cached_labels(self.metrics.results),
                             cached_labels(self.metrics.latency))
@@ -255,32 +259,25 @@ class WorkerService:
         self._events_producer = None
         self._outbox: Outbox | None = None
         self._consumer = None
-        self._telemetry: TelemetryServer | None = None
         self._broker: BrokerWatch | None = None
         self._keeper: TopicKeeper | None = None
         self._sampler = LogSampler(settings.log_lines_per_s)
         self._tiers = frozenset(config.tier_names)
-        self._tasks: list[asyncio.Task] = []
-        self._side: set[asyncio.Task] = set()
-        self._stopping = asyncio.Event()
-        self.started = False
+        #: abort(): die as a crashed process would (no bye, no commit).
+        self._aborting = False
+
+    @staticmethod
+    def check(config: Config, settings: WorkerSettings) -> None:
+        """ConfigError when ``settings.endpoint`` is not an endpoint of ``config``."""
+        if settings.endpoint not in config.endpoints:
+            known = ", ".join(config.endpoints)
+            raise ConfigError([f"--endpoint {settings.endpoint!r} is not configured ({known})"])
 
     # -- lifecycle -------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
+    async def open(self) -> None:
         """Load the model, connect, join the endpoint's group."""
         s = self.settings
-        if self._telemetry is None and s.metrics_port is not None:
-            self._telemetry = TelemetryServer(self.registry, self.readiness,
-                                              host=s.metrics_host, port=s.metrics_port)
-            await self._telemetry.start()
         run_in_thread = in_thread(s.threads)
         if s.threads:
             _torch_threads(s.threads)
@@ -297,7 +294,7 @@ class WorkerService:
                      seconds=round(time.perf_counter() - t0, 2))
         self.executor = BatchExecutor(
             self.model, self.kind, worker=self.worker_id,
-            max_padded_tokens=s.microbatch_padded_tokens, max_size=s.microbatch_size,
+            max_padded_tokens=s.microbatch_tokens, max_size=s.microbatch_size,
             on_microbatch=self._microbatch_done, run_in_thread=run_in_thread,
             on_last_step=self._release)
         created = await ensure_topics(self.kafka, self.topics.all(self.config))
@@ -310,72 +307,47 @@ class WorkerService:
         self._outbox = Outbox(self._producer, hash_keys=False)
         self._consumer = make_consumer(self.kafka, group_id=f"{self.topics.prefix}worker."
                                        f"{self.endpoint}", max_poll_records=self.slots)
-        self._consumer.subscribe([self.batch_topic], listener=_Listener(self))
+        self._consumer.subscribe([self.batch_topic], listener=Rebalance(
+            on_revoked=self._on_revoked, on_assigned=self._on_assigned))
         await self._consumer.start()
-        self._broker = BrokerWatch(self._producer.client, self.batch_topic, service="worker",
-                                   gauge=self.metrics.broker_reachable).start()
+        self._broker = self.keep(BrokerWatch(self._producer.client, self.batch_topic,
+                                             service="worker",
+                                             gauge=self.metrics.broker_reachable))
         # Recreates the topics if the broker lost them; the group rejoins by itself.
-        self._keeper = TopicKeeper(self.kafka, self._producer.client,
-                                   lambda: self.topics.all(self.config), service="worker",
-                                   follow=lambda: [self._consumer])
-        self._keeper.known(created)
-        self._keeper.start()
-        self.started = True
+        keeper = TopicKeeper(self.kafka, self._producer.client,
+                             lambda: self.topics.all(self.config), service="worker",
+                             follow=lambda: [self._consumer])
+        keeper.known(created)
+        self._keeper = self.keep(keeper)
         log.info("worker_started", worker=self.worker_id, endpoint=self.endpoint,
                  slots=self.slots, model=self.model.name)
 
-    async def run(self) -> None:
-        """Serve until :meth:`request_stop` (or cancellation)."""
-        self._tasks = [asyncio.create_task(self._fetch_loop(), name="worker-fetch"),
-                       asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat"),
-                       asyncio.create_task(self._totals_loop(), name="worker-totals")]
+    async def main(self) -> None:
+        """Take batches until a stop is requested; then finish the ones in hand."""
+        fetch = asyncio.create_task(self._fetch_loop(), name="worker-fetch")
         stop = asyncio.create_task(self._stopping.wait())
         try:
-            done, _ = await asyncio.wait([stop, *self._tasks],
-                                         return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stop and not t.cancelled() and t.exception() is not None:
-                    raise t.exception()
+            await asyncio.wait([fetch, stop], return_when=asyncio.FIRST_COMPLETED)
+            if fetch.done() and not fetch.cancelled() and fetch.exception() is not None:
+                raise fetch.exception()
         finally:
             stop.cancel()
+            await self._cancel([fetch])  # take nothing more
+            if self._in_hand:
+                await asyncio.wait(list(self._in_hand.values()), timeout=self.settings.drain_s)
 
-    def request_stop(self) -> None:
-        self._stopping.set()
+    def tasks(self) -> list:
+        # Heartbeats go on while the batches in hand finish (main), so the
+        # scheduler does not take a draining worker for a dead one.
+        return [self._heartbeat_loop()]
 
-    async def stop(self) -> None:
-        """Stop fetching, finish the batches in hand, say bye, commit, leave."""
-        if not self.started:
-            return
-        self._stopping.set()
-        await self._cancel(self._tasks[:1])  # the fetch loop: take nothing more
-        if self._in_hand:
-            await asyncio.wait(list(self._in_hand.values()), timeout=60)
-        await self._cancel(self._tasks[1:])
-        self._tasks = []
-        await self._cancel(list(self._side))
-        with contextlib.suppress(KafkaError):
-            await self._announce("bye", partitions=[], slots=0)
-        with contextlib.suppress(KafkaError):
-            await self._commit()
-        await self._close()
-        log.info("worker_stopped", worker=self.worker_id, endpoint=self.endpoint,
-                 **self._totals_fields())
-
-    async def abort(self) -> None:
-        """Die as a crashed process would: no bye, no commit (for failure tests)."""
-        self._stopping.set()
-        await self._cancel(self._tasks + list(self._in_hand.values()) + list(self._side))
-        self._tasks = []
-        self._in_hand.clear()
-        await self._close()
-
-    async def _close(self) -> None:
-        if self._broker is not None:
-            await self._broker.stop()
-            self._broker = None
-        if self._keeper is not None:
-            await self._keeper.stop()
-            self._keeper = None
+    async def close(self) -> None:
+        """Say bye, commit what is done, leave the group, disconnect."""
+        if not self._aborting:
+            with contextlib.suppress(KafkaError):
+                await self._announce("bye", partitions=[], slots=0)
+            with contextlib.suppress(KafkaError):
+                await self._commit()
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await stop_consumer(self._consumer)
@@ -383,18 +355,18 @@ class WorkerService:
             if producer is not None:
                 with contextlib.suppress(Exception):
                     await producer.stop()
-        if self._telemetry is not None:
-            await self._telemetry.stop()
-        self._consumer = self._producer = self._events_producer = self._telemetry = None
-        self.started = False
+        self._consumer = self._producer = self._events_producer = None
 
-    @staticmethod
-    async def _cancel(tasks: list[asyncio.Task]) -> None:
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+    async def abort(self) -> None:
+        """Die as a crashed process would: no bye, no commit (for failure tests)."""
+        self._aborting = True
+        await self._cancel(list(self._in_hand.values()))
+        self._in_hand.clear()
+        await self.stop()
+
+    def totals_fields(self) -> dict:
+        return {"worker": self.worker_id, "endpoint": self.endpoint, **self.stats.totals(),
+                "log_lines_suppressed": self._sampler.suppressed}
 
     def readiness(self) -> tuple[bool, str]:
         if self.model is None:
@@ -464,15 +436,6 @@ class WorkerService:
         lag = await consumer_lag(consumer, tps)
         self.metrics.lag.labels(self.endpoint).set(sum(lag.values()))
 
-    def _totals_fields(self) -> dict:
-        return {**self.stats.totals(), "log_lines_suppressed": self._sampler.suppressed}
-
-    async def _totals_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.totals_log_interval_s)
-            log.info("worker_totals", worker=self.worker_id, endpoint=self.endpoint,
-                     **self._totals_fields())
-
     # -- batches ---------------------------------------------------------------
 
     def _holding(self) -> int:
@@ -485,17 +448,7 @@ class WorkerService:
             return
         self._released.add(batch.id)
         self._freed.set()
-        self._spawn(self._announce("heartbeat"), "released")
-
-    def _spawn(self, coro, kind: str) -> None:
-        task = asyncio.create_task(coro)
-        self._side.add(task)
-
-        def done(t: asyncio.Task) -> None:
-            self._side.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.warning("event_send_failed", kind=kind, error=repr(t.exception()))
-        task.add_done_callback(done)
+        self.spawn(self._announce("heartbeat"), "released_event_send")
 
     async def _fetch_loop(self) -> None:
         consumer = self._consumer
@@ -716,61 +669,29 @@ class WorkerService:
 # -- command line --------------------------------------------------------------
 
 
+#: Environment variables of the worker settings: SF_WORKER_<FIELD>.
+ENV_PREFIX = "SF_WORKER_"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``serving-fairness worker``."""
+    """Flags of ``serving-fairness worker``: the settings' own, then Kafka's."""
     parser.add_argument("--config", required=True, help="the deployment's TOML configuration")
-    parser.add_argument("--endpoint", required=True, help="the endpoint this worker serves")
-    parser.add_argument("--model", default=None,
-                        help="model spec (default: the endpoint's; 'fake' for tests)")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="batches held at once (default: service.worker_slots)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1... (default: auto)")
-    parser.add_argument("--worker-id", default=None, help="unique id (default: host-pid-random)")
-    parser.add_argument("--microbatch-tokens", type=int, default=4096,
-                        help="micro-batch budget in padded tokens (texts x longest)")
-    parser.add_argument("--microbatch-size", type=int, default=32, help="texts per micro-batch")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="serve /metrics, /healthz, /readyz on this port (0: any free port)")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="address of that endpoint")
+    add_settings_arguments(parser.add_argument_group(
+        "worker", "flags override the SF_WORKER_* environment"), WorkerSettings,
+        env_prefix=ENV_PREFIX)
     add_kafka_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one worker until SIGTERM/SIGINT."""
-    from plumbing.logs import configure_logging
-
+    """Run one worker until SIGTERM/SIGINT (a SIGHUP is logged: a worker does not reload)."""
     configure_logging()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         config = load_config(args.config)
-    except ConfigError as e:
-        log.error("config_refused", path=args.config, problems=e.problems)
+        settings = settings_from_args(WorkerSettings, args, env_prefix=ENV_PREFIX)
+        WorkerService.check(config, settings)
+    except (ConfigError, SettingsError) as e:
+        log.error("config_refused", path=args.config, error=str(e))
         return 2
-    settings = WorkerSettings(
-        endpoint=args.endpoint, model=args.model, slots=args.slots, worker_id=args.worker_id,
-        threads=args.threads, device=args.device, microbatch_padded_tokens=args.microbatch_tokens,
-        microbatch_size=args.microbatch_size, metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port)
-    return asyncio.run(_main(config, settings_from_args(args), settings))
-
-
-async def _main(config: Config, kafka: KafkaSettings, settings: WorkerSettings) -> int:
-    async with kafka_endpoint(kafka) as bootstrap:
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        try:
-            worker = WorkerService(config, kafka, settings)
-        except ConfigError as e:
-            log.error("config_refused", problems=e.problems)
-            return 2
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.request_stop)
-        # A worker has nothing to reload (its model is fixed at start), but a
-        # SIGHUP sent to every service must not kill it (the default action).
-        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
-            "reload_ignored", detail="a worker does not reload; restart it for a new "
-                                     "configuration or model"))
-        async with worker:
-            await worker.run()
-    return 0
+    return asyncio.run(serve(lambda k: WorkerService(config, k, settings),
+                             kafka_settings_from_args(args)))
