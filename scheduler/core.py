@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
+from scheduler.batch_order import run_order
 from scheduler.entry import Entry
 from scheduler.lane import Dispatch, FifoLane, Lane, LaneStats
 from schemas.config import Config
@@ -76,12 +77,50 @@ class Scheduler:
         self.lanes[endpoint].remove(e)
         return e
 
-    def next_batch(self, endpoint: str, now: float) -> Dispatch:
-        """Expire what is due on ``endpoint``, then take its next batch (maybe empty)."""
+    def next_batch(self, endpoint: str, now: float, *, in_run_order: bool = False) -> Dispatch:
+        """Expire what is due on ``endpoint``, then take its next batch (maybe empty).
+
+        ``in_run_order``: the batch in the order to run it
+        (:func:`scheduler.batch_order.run_order`; FIFO keeps arrival order),
+        else in the order the lane chose it.
+        """
         d = self.lanes[endpoint].next_batch(now)
         self._forget(d.batch)
         self._forget(d.expired)
+        if in_run_order and self.policy != "fifo" and d.batch:
+            d = Dispatch(run_order(d.batch, self.config.tier_names), d.expired)
         return d
+
+    # -- what the service and the simulator need of a lane, without reaching in --
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self.lanes)
+
+    def held_in(self, endpoint: str) -> int:
+        """Requests held on ``endpoint``'s lane (0 for an unknown endpoint)."""
+        lane = self.lanes.get(endpoint)
+        return lane.held if lane is not None else 0
+
+    def cost(self, endpoint: str, e: Entry) -> float:
+        """What ``e`` costs on ``endpoint``'s lane, in its cost model's units."""
+        lane = self.lanes.get(endpoint)
+        return lane.cost.cost(e) if lane is not None else float(e.tokens)
+
+    def backlog_cost(self, endpoint: str):
+        """``cost(org, requests, tokens)`` of held work on ``endpoint``, in its units.
+
+        For the snapshot's held cost per tier: requests, tokens, or tokens x
+        the org's measured ratio (adaptive).
+        """
+        lane = self.lanes[endpoint]
+        model = lane.endpoint.cost_model
+        if model == "requests":
+            return lambda org, n, tokens: n
+        if model == "adaptive":
+            ratio = getattr(lane.cost, "ratio", lambda org: 1.0)
+            return lambda org, n, tokens: tokens * ratio(org)
+        return lambda org, n, tokens: tokens
 
     def expire(self, now: float) -> list[Entry]:
         """Expire what is due on every lane."""

@@ -80,16 +80,18 @@ from plumbing.settings import add_arguments as add_settings_arguments
 from plumbing.settings import from_args as settings_from_args
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
-from scheduler.batch_order import run_order
 from scheduler.core import Policy, Scheduler
+from scheduler.dispatch import Dispatcher
 from scheduler.entry import Entry
+from scheduler.expiry import expire
 from scheduler.fairness_metrics import LiveFairness
 from scheduler.flow import FlowControl, LostWorker
 from scheduler.handover import CostHandover
 from scheduler.intake import TierIntake, send_result
 from scheduler.leader import LeaderElection
 from scheduler.metrics import SchedulerMetrics
-from scheduler.snapshot import Backlog, ServiceRate, lane_state
+from scheduler.publish import snapshot
+from scheduler.snapshot import Backlog, ServiceRate
 from scheduler.state_follower import StateFollower
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
@@ -103,8 +105,6 @@ log = structlog.get_logger("scheduler")
 _batch_codec = codec_for(Batch)
 _event_codec = codec_for(WorkerEvent)
 _state_codec = codec_for(SchedulerState)
-#: Batch sizes remembered for the in-flight count: far more than slots in use.
-_SENT_TOKENS_KEPT = 4096
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
 
 
@@ -197,7 +197,6 @@ class SchedulerService(Service):
         self._event_consumer = None
         self._broker: BrokerWatch | None = None
         self._sampler = LogSampler(self.settings.log_lines_per_s)
-        self._batch_seq = 0
         self._rounds: dict[str, int] = {}
         self._next_state_s = 0.0
         self._handed_back = 0
@@ -208,8 +207,8 @@ class SchedulerService(Service):
         self._keeper: TopicKeeper | None = None
         self._intake_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
-        #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.
-        self._sent_tokens: dict[str, int] = {}
+        self.dispatcher = Dispatcher(self.core, self.flow, self.backlog, instance=self.instance,
+                                     watch=self.fairness)
         self.totals = {"received": 0, "dispatched": 0, "batches": 0, "expired": 0,
                        "invalid": 0, "duplicates": 0}
         self.intake = TierIntake(config, self.topics, self.core, self.backlog, self.metrics,
@@ -314,7 +313,7 @@ class SchedulerService(Service):
 
     async def _on_elected(self, epoch: int) -> None:
         """Newly leader: take over the workers' slots, join the tier group, dispatch."""
-        self.epoch = epoch
+        self.epoch = self.dispatcher.epoch = epoch
         self.flow.takeover(time.time() * 1000)
         if (took := self.handover.take_over(self.core, epoch)) is not None:
             log.info("costs_taken_over", from_epoch=took.from_epoch, lanes=list(took.lanes),
@@ -454,7 +453,7 @@ class SchedulerService(Service):
         it. An unknown partition also asks for fresh metadata, so one added to
         the topic since is taken from the worker's next event.
         """
-        if not ev.partitions or ev.endpoint not in self.core.lanes:
+        if not ev.partitions or ev.endpoint not in self.core.endpoints:
             return ev  # no lane, no claim: nothing is ever sent for it
         try:
             known = await self._batch_producer.partitions_for(self.topics.batches(ev.endpoint))
@@ -473,7 +472,7 @@ class SchedulerService(Service):
     def _observe(self, ev: WorkerEvent, now_ms: float) -> None:
         obs = self.flow.observe(ev, now_ms)
         if ev.kind == "batch_done":
-            if ev.timings and ev.endpoint in self.core.lanes:
+            if ev.timings and ev.endpoint in self.core.endpoints:
                 self.core.feedback(ev.endpoint, [(t.org, t.tokens, t.seconds) for t in ev.timings])
                 self.handover.seen(ev)
             self.fairness.batch_done(ev.endpoint, ev.inference_ms / 1000)
@@ -529,38 +528,10 @@ class SchedulerService(Service):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
     async def _dispatch(self, now: float) -> None:
-        for endpoint, lane in list(self.core.lanes.items()):
-            # Checked before every batch: a send awaits, and leadership can go meanwhile.
-            while lane.held > 0 and self.may_dispatch():
-                claim = self.flow.claim(endpoint)
-                if claim is None:
-                    break
-                self.fairness.held(now, endpoint, self.backlog)
-                d = self.core.next_batch(endpoint, now)
-                self._expired(d.expired)
-                if not d.batch:
-                    break
-                entries = (d.batch if self.settings.policy == "fifo"
-                           else run_order(d.batch, self.config.tier_names))
-                self._batch_seq += 1
-                batch = Batch(
-                    id=f"{self.instance}-{self._batch_seq}",
-                    endpoint=endpoint,
-                    requests=[e.payload for e in entries],
-                    tokens=sum(e.tokens for e in entries),
-                    created_ms=int(now * 1000),
-                    worker=claim.worker,
-                    epoch=self.epoch,
-                )
-                self.flow.sent(claim.worker, batch.id, now * 1000, batch.tokens)
-                self._sent_tokens[batch.id] = batch.tokens
-                if len(self._sent_tokens) > _SENT_TOKENS_KEPT:
-                    del self._sent_tokens[next(iter(self._sent_tokens))]
-                for e in entries:
-                    self.backlog.remove(endpoint, e.tier, e.org, e.tokens)
-                self.fairness.served(now, endpoint, d.batch, self.core.lanes[endpoint].cost.cost,
-                                     self.backlog)
-                await self._send_batch(endpoint, claim.partition, batch, entries)
+        # One batch at a time: a send awaits, and leadership can go meanwhile
+        # (the dispatcher asks may_dispatch before every batch).
+        for out in self.dispatcher.batches(now, may=self.may_dispatch, on_expired=self._expired):
+            await self._send_batch(out.endpoint, out.partition, out.batch, out.entries)
 
     async def _send_batch(self, endpoint: str, partition: int, batch: Batch,
                           entries: list[Entry]) -> None:
@@ -585,8 +556,7 @@ class SchedulerService(Service):
         m.batch_requests.labels(endpoint).observe(len(entries))
         if ep is not None:
             m.batch_fill.labels(endpoint).observe(batch.tokens / ep.max_batch_tokens)
-        lane = self.core.lanes.get(endpoint)
-        m.dispatched(endpoint, entries, lane.cost.cost if lane else lambda e: float(e.tokens))
+        m.dispatched(endpoint, entries, lambda e: self.core.cost(endpoint, e))
         wait = m.queue_wait_histogram
         for e in entries:
             self.intake.release(e.id)
@@ -613,22 +583,14 @@ class SchedulerService(Service):
 
     def _expired(self, entries: Iterable[Entry]) -> None:
         now_ms = int(time.time() * 1000)
-        for e in entries:
-            req: AdmittedRequest = e.payload
-            self.backlog.remove(req.endpoint, e.tier, e.org, e.tokens)
+        for x in expire(entries, self.backlog, now_ms):
+            req = x.request
             self.totals["expired"] += 1
-            self.metrics.expired.labels(req.endpoint, e.tier).inc()
-            late_ms = now_ms - (req.deadline_at_ms or now_ms)
-            with bound_contextvars(request_id=req.id, org=req.org):
-                self._sampler.log(log, "info", "request_expired", now_ms, endpoint=req.endpoint,
-                                  tier=e.tier, late_ms=late_ms)
-            result = Result(id=req.id, status="expired", org=req.org, endpoint=req.endpoint,
-                            reason="deadline_passed",
-                            message=f"the deadline passed while the request waited "
-                                    f"({late_ms} ms ago)",
-                            created_ms=req.created_ms, admitted_ms=req.admitted_ms,
-                            completed_ms=now_ms)
-            self._spawn(self._send_expired(req, result))
+            self.metrics.expired.labels(req.endpoint, x.tier).inc()
+            self._sampler.log(log, "info", "request_expired", now_ms, request_id=req.id,
+                              org=req.org, endpoint=req.endpoint, tier=x.tier,
+                              late_ms=x.late_ms)
+            self._spawn(self._send_expired(req, x.result))
 
     async def _send_expired(self, req: AdmittedRequest, result: Result) -> None:
         try:
@@ -644,70 +606,28 @@ class SchedulerService(Service):
     # -- state, commits --------------------------------------------------------
 
     def _publish_state(self, now: float) -> None:
-        stats = self.core.stats()
-        lanes = {}
+        state, gauges = snapshot(now, core=self.core, flow=self.flow, backlog=self.backlog,
+                                 rates=self.rates, dispatcher=self.dispatcher, epoch=self.epoch,
+                                 top_orgs=self.settings.state_top_orgs,
+                                 costs=self.handover.export(self.core))
         m = self.metrics
-        for endpoint, st in stats.items():
-            workers = self.flow.endpoint_workers(endpoint)
-            free = self.flow.free_slots(endpoint)
-            cost_fn = self._cost_fn(endpoint)
-            lanes[endpoint] = lane_state(
-                endpoint, held_requests=st.held, held_tokens_by_tier=st.held_tokens_by_tier,
-                held_cost_by_tier=self.backlog.cost_by_tier(endpoint, cost_fn),
-                backlog=self.backlog, tokens_per_s=self.rates.total(w.worker for w in workers),
-                free_slots=free, workers=len(workers), top_orgs=self.settings.state_top_orgs,
-                in_flight_tokens=self._in_flight_tokens(endpoint, workers),
-                batch_ms=self.rates.batch_seconds(w.worker for w in workers) * 1000)
-            held_cost = lanes[endpoint].held_cost_by_tier
-            for tier, n in st.held_by_tier.items():
-                m.held_requests.labels(endpoint, tier).set(n)
-                m.held_tokens.labels(endpoint, tier).set(st.held_tokens_by_tier.get(tier, 0))
-                m.held_cost.labels(endpoint, tier).set(held_cost.get(tier, 0.0))
-            m.free_slots.labels(endpoint).set(free)
-            m.workers.labels(endpoint).set(len(workers))
-            self._flow_metrics(endpoint, workers)
-            prev = self._rounds.get(endpoint, 0)
-            if st.rounds > prev:
-                m.drr_rounds.labels(endpoint).inc(st.rounds - prev)
-            self._rounds[endpoint] = st.rounds
+        for g in gauges:
+            ep = g.endpoint
+            for tier, n in g.held_by_tier.items():
+                m.held_requests.labels(ep, tier).set(n)
+                m.held_tokens.labels(ep, tier).set(g.held_tokens_by_tier.get(tier, 0))
+                m.held_cost.labels(ep, tier).set(g.held_cost_by_tier.get(tier, 0.0))
+            m.free_slots.labels(ep).set(g.free_slots)
+            m.workers.labels(ep).set(g.workers)
+            m.flow_round_trip.labels(ep).set(g.round_trip_s)
+            m.flow_batch.labels(ep).set(g.full_batch_s)
+            m.flow_outstanding.labels(ep).set(g.outstanding)
+            prev = self._rounds.get(ep, 0)
+            if g.rounds > prev:
+                m.drr_rounds.labels(ep).inc(g.rounds - prev)
+            self._rounds[ep] = g.rounds
         self.fairness.publish(now, self.backlog)
-        state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=self.core.held,
-                               epoch=self.epoch, costs=self.handover.export(self.core))
         self._spawn(self._send_state(state))
-
-    def _flow_metrics(self, endpoint: str, workers) -> None:
-        """Flow control's view of the endpoint's workers (means over those measured)."""
-        m = self.metrics
-        trips = [w.credit.round_trip_ms for w in workers if w.credit.round_trip_ms is not None]
-        full = self.flow.full_batch_tokens.get(endpoint, 0)
-        batches = [w.credit.estimate_ms(full) for w in workers if w.credit.samples]
-        m.flow_round_trip.labels(endpoint).set(sum(trips) / len(trips) / 1000 if trips else 0.0)
-        m.flow_batch.labels(endpoint).set(sum(batches) / len(batches) / 1000 if batches else 0.0)
-        m.flow_outstanding.labels(endpoint).set(sum(len(w.unreleased()) for w in workers))
-
-    def _in_flight_tokens(self, endpoint: str, workers) -> int:
-        """Tokens of the batches outstanding at ``endpoint``'s workers (the throttle's due).
-
-        A batch this instance did not send (taken over from the previous
-        leader) counts as a full batch.
-        """
-        full = self.config.endpoints[endpoint].max_batch_tokens \
-            if endpoint in self.config.endpoints else 0
-        total = 0
-        for w in workers:
-            for batch_id in w.outstanding:
-                total += self._sent_tokens.get(batch_id, full)
-        return total
-
-    def _cost_fn(self, endpoint: str):
-        lane = self.core.lanes[endpoint]
-        model = lane.endpoint.cost_model
-        if model == "requests":
-            return lambda org, n, tokens: n
-        if model == "adaptive":
-            ratio = getattr(lane.cost, "ratio", lambda org: 1.0)
-            return lambda org, n, tokens: tokens * ratio(org)
-        return lambda org, n, tokens: tokens
 
     async def _send_state(self, state: SchedulerState) -> None:
         try:

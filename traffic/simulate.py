@@ -361,12 +361,11 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     def dispatch(now: float) -> None:
         nonlocal seq, n_batches
         for ep, pool in pools.items():
-            lane = sched.lanes[ep]
-            while lane.held:
+            while sched.held_in(ep):
                 w = min(pool, key=lambda w: (w.in_hand, w.free_at))
                 if w.in_hand >= slots_of[ep]:
                     break
-                d = sched.next_batch(ep, now)
+                d = sched.next_batch(ep, now, in_run_order=True)
                 expired(ep, d.expired, now)
                 if not d.batch:
                     continue
@@ -377,7 +376,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                 charged = []
                 for e in d.batch:
                     unhold(ep, e)
-                    c = lane.cost.cost(e)
+                    c = sched.cost(ep, e)
                     charged.append((e, c))
                     served[(e.tier, e.org)] = served.get((e.tier, e.org), 0.0) + c
                 account(ep, served)

@@ -1,0 +1,125 @@
+"""Dispatch, expiry and the state snapshot: the scheduler service's decisions, without Kafka."""
+
+from scheduler.core import Scheduler
+from scheduler.dispatch import Dispatcher
+from scheduler.entry import Entry
+from scheduler.expiry import expire
+from scheduler.flow import FlowControl
+from scheduler.publish import snapshot
+from scheduler.snapshot import Backlog, ServiceRate
+from schemas.config import parse_config
+from schemas.messages import AdmittedRequest, EmbedInput, WorkerEvent
+
+CONFIG = parse_config("""
+[service]
+worker_slots = 2
+
+[[tiers]]
+name = "gold"
+
+[[tiers]]
+name = "free"
+
+[endpoints.embed]
+kind = "embed"
+model = "fake"
+quantum = 4
+max_batch_tokens = 8
+max_batch_size = 4
+max_request_tokens = 4
+
+[orgs.bulk]
+tier = "free"
+
+[orgs.quiet]
+tier = "free"
+""")
+
+
+def _entry(i: int, org: str, tokens: int = 2, deadline_s: float | None = None) -> Entry:
+    req = AdmittedRequest(id=f"r{i}", org=org, endpoint="embed", tier="free",
+                          input=EmbedInput(texts=["x"]), tokens=tokens, created_ms=1,
+                          admitted_ms=1, reply_to="sf.results",
+                          deadline_at_ms=None if deadline_s is None else int(deadline_s * 1000))
+    return Entry(req.id, org, "free", tokens, deadline=deadline_s, arrival=i, payload=req)
+
+
+def _setup():
+    core = Scheduler(CONFIG)
+    flow = FlowControl(10_000, mode="slots", full_batch_tokens={"embed": 8})
+    backlog = Backlog()
+    return core, flow, backlog, Dispatcher(core, flow, backlog, instance="s1")
+
+
+def _hello(flow: FlowControl, now_ms: float, slots: int = 2) -> None:
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0, 1],
+                             slots=slots, free_slots=slots, sent_ms=int(now_ms)), now_ms)
+
+
+def _hold(core: Scheduler, backlog: Backlog, entries: list[Entry]) -> None:
+    for e in entries:
+        core.push("embed", e)
+        backlog.add("embed", e.tier, e.org, e.tokens)
+
+
+def test_no_batch_without_a_worker_with_credit():
+    """Work is held, but nothing goes out before a worker announces itself."""
+    core, _flow, backlog, disp = _setup()
+    _hold(core, backlog, [_entry(i, "bulk") for i in range(8)])
+    assert list(disp.batches(1.0, may=lambda: True, on_expired=list)) == []
+    assert core.held == 8
+
+
+def test_batches_fill_the_credit_and_carry_run_order_and_the_epoch():
+    """Two slots: two batches; the quiet org's one request runs first in its batch."""
+    core, flow, backlog, disp = _setup()
+    disp.epoch = 7
+    _hello(flow, 1000)
+    _hold(core, backlog, [*(_entry(i, "bulk") for i in range(6)), _entry(9, "quiet")])
+    out = list(disp.batches(1.0, may=lambda: True, on_expired=list))
+    assert len(out) == 2 and {o.partition for o in out} == {0, 1}
+    assert all(o.batch.epoch == 7 and o.batch.worker == "w" for o in out)
+    first = [r.org for r in out[0].batch.requests]
+    assert "quiet" in first and first[0] == "quiet"
+    assert sum(o.batch.tokens for o in out) == backlog_tokens_removed(out)
+    assert disp.in_flight_tokens("embed", 8) == sum(o.batch.tokens for o in out)
+
+
+def backlog_tokens_removed(out) -> int:
+    return sum(e.tokens for o in out for e in o.entries)
+
+
+def test_leadership_is_asked_before_every_batch():
+    """When may() turns false after the first batch, no second batch is made."""
+    core, flow, backlog, disp = _setup()
+    _hello(flow, 1000)
+    _hold(core, backlog, [_entry(i, "bulk") for i in range(8)])
+    answers = iter([True, False])
+    out = list(disp.batches(1.0, may=lambda: next(answers, False), on_expired=list))
+    assert len(out) == 1 and core.held == 4
+
+
+def test_expired_requests_get_a_result_naming_how_late_and_leave_the_backlog():
+    """A request past its deadline is answered ``expired`` and no longer counted as held."""
+    core, _flow, backlog, _disp = _setup()
+    e = _entry(1, "bulk", deadline_s=1.0)
+    _hold(core, backlog, [e])
+    got = expire(core.expire(1.5), backlog, 1500)
+    assert [(x.request.id, x.result.status, x.result.reason, x.late_ms) for x in got] == [
+        ("r1", "expired", "deadline_passed", 500)]
+    assert backlog.active_orgs("embed") == {}
+
+
+def test_snapshot_counts_what_is_held_and_what_is_out():
+    """The published state holds the lane's backlog and the tokens at the workers."""
+    core, flow, backlog, disp = _setup()
+    _hello(flow, 1000)
+    _hold(core, backlog, [_entry(i, "bulk") for i in range(12)])
+    out = list(disp.batches(1.0, may=lambda: True, on_expired=list))
+    state, gauges = snapshot(2.0, core=core, flow=flow, backlog=backlog, rates=ServiceRate(),
+                             dispatcher=disp, epoch=3, top_orgs=5)
+    lane = state.lanes["embed"]
+    assert state.epoch == 3 and state.held_requests == 12 - 4 * len(out)
+    assert lane.held_tokens_by_tier["free"] == 2 * state.held_requests
+    assert lane.in_flight_tokens == sum(o.batch.tokens for o in out)
+    assert gauges[0].outstanding == len(out) == 2
