@@ -21,7 +21,6 @@ themselves; it only reports.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -29,12 +28,14 @@ from collections.abc import Callable
 import structlog
 from aiokafka.protocol.metadata import MetadataRequest
 
+from plumbing.background import Background
+
 __all__ = ["BrokerWatch"]
 
 log = structlog.get_logger("broker")
 
 
-class BrokerWatch:
+class BrokerWatch(Background):
     """Probes the broker through ``client`` (an ``AIOKafkaClient``, e.g. ``producer.client``).
 
     ``topic`` is the one topic the probe asks about (one of the service's
@@ -60,7 +61,7 @@ class BrokerWatch:
         self.reason = "ok"
         self.last_ok = clock()
         self._streak = 0
-        self._task: asyncio.Task | None = None
+        self.task_name = f"{service}-broker-watch"
         self._set_gauge()
 
     def status(self) -> tuple[bool, str]:
@@ -109,16 +110,6 @@ class BrokerWatch:
             self.observe(await self.probe())
             await asyncio.sleep(self.interval_s)
 
-    def start(self) -> BrokerWatch:
-        self._task = asyncio.create_task(self.run(), name=f"{self.service}-broker-watch")
-        return self
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
 
     def _set_gauge(self) -> None:
         if self.gauge is not None:

@@ -40,6 +40,7 @@ from plumbing.broker import EmbeddedBroker
 __all__ = [
     "KafkaSettings",
     "add_kafka_arguments",
+    "close_clients",
     "consumer_lag",
     "group_generation",
     "in_group",
@@ -234,6 +235,22 @@ async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
         with contextlib.suppress(KafkaError, AttributeError, OSError):
             await coordinator._send_req(LeaveGroupRequest(coordinator.group_id, member_id))
     await consumer.stop()
+
+
+async def close_clients(*clients) -> None:
+    """Stop every client given (None skipped), consumers leaving their group at once.
+
+    A client that fails to stop must not keep the others open: each is
+    stopped whatever the one before did.
+    """
+    for client in clients:
+        if client is None:
+            continue
+        with contextlib.suppress(Exception):
+            if isinstance(client, AIOKafkaConsumer):
+                await stop_consumer(client)
+            else:
+                await client.stop()
 
 
 async def consumer_lag(consumer: AIOKafkaConsumer, partitions, *,

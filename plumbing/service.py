@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from plumbing.kafka import KafkaSettings, kafka_endpoint
 from plumbing.logs import get_logger
+from plumbing.settings import ServiceSettings
 from plumbing.telemetry import TelemetryServer
 from schemas.config import ConfigError, load_config
 
@@ -52,18 +53,19 @@ class Service:
     #: "admission", "scheduler", "worker": names log lines and the broker watch.
     name = "service"
 
-    def __init__(self, config, kafka: KafkaSettings, *, registry: CollectorRegistry | None = None,
+    def __init__(self, config, kafka: KafkaSettings, settings: ServiceSettings, *,
+                 registry: CollectorRegistry | None = None,
                  config_path: str | Path | None = None, config_poll_ms: int = 0,
-                 totals_log_interval_s: float = 30.0, metrics_host: str = "127.0.0.1",
-                 metrics_port: int | None = None, stop_grace_s: float = 30.0):
+                 stop_grace_s: float = 30.0):
         self.config = config
         self.kafka = kafka
+        self.settings = settings
         self.registry = registry if registry is not None else CollectorRegistry()
         self.config_path = Path(config_path) if config_path is not None else None
         self.config_poll_ms = config_poll_ms
-        self.totals_log_interval_s = totals_log_interval_s
-        self.metrics_host = metrics_host
-        self.metrics_port = metrics_port
+        self.totals_log_interval_s = settings.totals_log_interval_s
+        self.metrics_host = settings.metrics_host
+        self.metrics_port = settings.metrics_port
         #: How long a stop waits for :meth:`main` to settle what it holds.
         self.stop_grace_s = stop_grace_s
         self.log = get_logger(self.name)

@@ -22,11 +22,12 @@ import argparse
 import os
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-__all__ = ["Settings", "SettingsError", "add_arguments", "describe", "from_args", "from_env"]
+__all__ = ["ServiceSettings", "Settings", "SettingsError", "add_arguments", "describe", "doc",
+           "from_args", "from_env"]
 
 S = TypeVar("S", bound="Settings")
 #: How msgspec keeps a ``default_factory`` among a Struct's defaults.
@@ -34,8 +35,29 @@ _Factory = type(msgspec.defstruct("_F", [("f", list, msgspec.field(default_facto
                 .__struct_defaults__[0])
 
 
+def doc(text: str, **limits: Any) -> msgspec.Meta:
+    """A field's description (its flag's help) and limits, in one ``Meta``."""
+    return msgspec.Meta(description=" ".join(text.split()), **limits)
+
+
 class Settings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Base of every service's settings: typed, frozen, unknown fields refused."""
+
+
+class ServiceSettings(Settings, frozen=True):
+    """What every service has: its telemetry endpoint, its log sampling, its totals line."""
+
+    metrics_host: Annotated[str, doc(
+        "Address of /metrics, /healthz and /readyz (0.0.0.0 in a container).")] = "127.0.0.1"
+    metrics_port: Annotated[int | None, doc(
+        "Port of /metrics, /healthz and /readyz; unset: no HTTP endpoint, 0: any free "
+        "port.")] = None
+    log_lines_per_s: Annotated[int, doc(
+        "Outcome lines (rejections, batches, expiries, failures) logged per second at "
+        "info/warning; the rest of a burst goes to debug and into the totals line.",
+        ge=0)] = 20
+    totals_log_interval_s: Annotated[float, doc(
+        "Period of the <service>_totals info line.", gt=0)] = 30.0
 
 
 class SettingsError(ValueError):

@@ -50,6 +50,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 import structlog
 from aiokafka.protocol.metadata import MetadataRequest
 
+from plumbing.background import Background
 from plumbing.kafka import KafkaSettings
 from plumbing.topics import ensure_topics
 
@@ -75,7 +76,7 @@ async def truncated(consumer, timeout_s: float = 0.5) -> list:
     return out
 
 
-class TopicKeeper:
+class TopicKeeper(Background):
     """Checks ``specs()`` (topic -> partitions) through ``client`` (an ``AIOKafkaClient``).
 
     ``follow()`` returns the consumers whose positions to check (the
@@ -104,7 +105,7 @@ class TopicKeeper:
         self._pending: list[str] | None = None
         self._written: dict = {}
         self._went_back: list[str] = []
-        self._task: asyncio.Task | None = None
+        self.task_name = f"{service}-topic-keeper"
 
     def known(self, counts: Mapping[str, int]) -> None:
         """Partition counts as created at start (``ensure_topics``' answer)."""
@@ -188,13 +189,3 @@ class TopicKeeper:
                 log.warning("topic_check_failed", service=self.service, error=repr(e))
             await asyncio.sleep(self.interval_s)
 
-    def start(self) -> TopicKeeper:
-        self._task = asyncio.create_task(self.run(), name=f"{self.service}-topic-keeper")
-        return self
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None

@@ -49,9 +49,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
-from msgspec import Meta
 from prometheus_client import CollectorRegistry
 
 from plumbing.brokerwatch import BrokerWatch
@@ -59,11 +57,11 @@ from plumbing.deadletter import dead_letter
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
+    close_clients,
     group_generation,
     in_group,
     make_consumer,
     make_producer,
-    stop_consumer,
 )
 from plumbing.kafka import settings_from_args as kafka_settings_from_args
 from plumbing.logs import configure_logging, debug_enabled, get_logger
@@ -71,9 +69,10 @@ from plumbing.offsets import OffsetTracker
 from plumbing.outbox import Outbox
 from plumbing.rebalance import Rebalance
 from plumbing.service import Service, serve
-from plumbing.settings import Settings, SettingsError
+from plumbing.settings import ServiceSettings, SettingsError, doc
 from plumbing.settings import add_arguments as add_settings_arguments
 from plumbing.settings import from_args as settings_from_args
+from plumbing.state_follower import StateFollower
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from producer.admission import Admitted, DeadLetterReason, Outcome, Refused, decide
@@ -98,64 +97,51 @@ _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", b"application/msgpack")]
 
 
-def _doc(text: str, **limits) -> Meta:
-    return Meta(description=" ".join(text.split()), **limits)
 
-
-class AdmissionSettings(Settings, frozen=True):
+class AdmissionSettings(ServiceSettings, frozen=True):
     """Tuning of one admission instance; the registry itself is the Config.
 
     Every field is also a flag (``--max-step-records``) and an environment
     variable (``SF_ADMISSION_MAX_STEP_RECORDS``), see :mod:`plumbing.settings`.
     """
 
-    max_step_records: Annotated[int, _doc(
+    max_step_records: Annotated[int, doc(
         "Records decided per step, one (partition, org) group at a time in turn "
         "(producer/readahead.py); a step's writes go out together.", ge=1)] = 500
-    max_step_bytes: Annotated[int, _doc(
+    max_step_bytes: Annotated[int, doc(
         "Bytes of input a step holds at most: under a burst of long texts a step's "
         "writes stay small, and a quiet org's record decided in the next step does not "
         "wait behind one large produce request.", ge=1)] = 256 * 1024
-    read_ahead_records: Annotated[int, _doc(
+    read_ahead_records: Annotated[int, doc(
         "Fetched records held undecided at most. A quiet org's record fetched behind a "
         "burst on its partition is decided in the next step instead of after the burst; "
         "offsets are committed in log order all the same.", ge=1)] = 50_000
-    max_partition_fetch_bytes: Annotated[int, _doc(
+    max_partition_fetch_bytes: Annotated[int, doc(
         "Bytes read per ingress partition per fetch: large, so reading ahead past a "
         "burst takes few fetches.", ge=1024)] = 1024 * 1024
-    steps_in_flight: Annotated[int, _doc(
+    steps_in_flight: Annotated[int, doc(
         "Steps handed to the producer and not yet settled (acknowledged, offsets "
         "released) while the next one is decided.", ge=1)] = 8
-    commit_interval_ms: Annotated[int, _doc(
+    commit_interval_ms: Annotated[int, doc(
         "At most one ingress commit per this interval while steps keep coming (a step "
         "settled with none behind it is committed at once).", ge=0)] = 200
-    stop_settle_s: Annotated[float, _doc(
+    stop_settle_s: Annotated[float, doc(
         "How long a stop waits for the steps in hand to be settled.", ge=0)] = 30.0
-    poll_timeout_ms: Annotated[int, _doc(
+    poll_timeout_ms: Annotated[int, doc(
         "Longest wait for ingress records before checking for a stop request.",
         ge=1)] = 100
-    state_stale_after_ms: Annotated[float | None, _doc(
+    state_stale_after_ms: Annotated[float | None, doc(
         "Scheduler snapshots older than this do not throttle; unset: the larger of 5 s "
         "and 20 scheduler intervals (service.state_interval_ms).")] = None
-    config_poll_ms: Annotated[int, _doc(
+    config_poll_ms: Annotated[int, doc(
         "How often the configuration file's modification time is checked for a hot "
         "reload; 0 reloads only on SIGHUP.", ge=0)] = 2_000
-    totals_log_interval_s: Annotated[float, _doc(
-        "Period of the admission_totals info line.", gt=0)] = 30.0
-    log_lines_per_s: Annotated[int, _doc(
-        "Rejection and dead-letter lines logged per second at info/warning; more in a "
-        "burst are counted in the totals line, not printed.", ge=0)] = 20
-    token_counter: Annotated[str | None, _doc(
+    token_counter: Annotated[str | None, doc(
         "Count tokens with this model spec for every endpoint instead of the "
         "endpoint's model ('fake' counts words: tests and dry runs).")] = None
-    reply_send_attempts: Annotated[int, _doc(
+    reply_send_attempts: Annotated[int, doc(
         "Attempts for a result on a reply topic before it goes to the dead letters (a "
         "reply topic may not exist on a cluster without auto-create).", ge=1)] = 3
-    metrics_host: Annotated[str, _doc(
-        "Address of /metrics, /healthz and /readyz (0.0.0.0 in a container).")] = "127.0.0.1"
-    metrics_port: Annotated[int | None, _doc(
-        "Port of /metrics, /healthz and /readyz; unset: no HTTP endpoint, 0: any free "
-        "port.")] = None
 
 
 def _now_ms() -> int:
@@ -221,12 +207,9 @@ class AdmissionService(Service):
         token_counters: Mapping[str, TokenCounter] | None = None,
         now_ms: Callable[[], int] = _now_ms,
     ):
-        s = self.settings = settings or AdmissionSettings()
-        super().__init__(config, kafka, registry=registry, config_path=config_path,
-                         config_poll_ms=s.config_poll_ms,
-                         totals_log_interval_s=s.totals_log_interval_s,
-                         metrics_host=s.metrics_host, metrics_port=s.metrics_port,
-                         stop_grace_s=s.stop_settle_s)
+        s = settings or AdmissionSettings()
+        super().__init__(config, kafka, s, registry=registry, config_path=config_path,
+                         config_poll_ms=s.config_poll_ms, stop_grace_s=s.stop_settle_s)
         self.topics = Topics.of(config)
         self.metrics = AdmissionMetrics(self.registry)
         self.limiter = RateLimiter(config)
@@ -242,7 +225,7 @@ class AdmissionService(Service):
         self._producer = None
         self._outbox: Outbox | None = None
         self._consumer = None
-        self._state_consumer = None
+        self._state: StateFollower | None = None
         #: Fetched records not yet decided, and every held offset (this generation).
         self._ahead = ReadAhead()
         self._offsets = OffsetTracker()
@@ -268,9 +251,10 @@ class AdmissionService(Service):
         self._consumer.subscribe([self.topics.ingress],
                                  listener=Rebalance(on_revoked=self._on_revoked))
         await self._consumer.start()
-        self._state_consumer = make_consumer(self.kafka, group_id=None)
-        await self._state_consumer.start()
-        await self._follow_state_from_recent()
+        self._state = await StateFollower(
+            self.kafka, self.topics.scheduler_state, self._observe_state,
+            since_s=self.throttle.stale_after_ms / 1000,
+            on_undecodable=self._state_undecodable).start()
         self._broker = self.keep(BrokerWatch(self._producer.client, self.topics.ingress,
                                              service="admission",
                                              gauge=self.metrics.broker_reachable))
@@ -278,24 +262,18 @@ class AdmissionService(Service):
         # follow the new scheduler-state topic from its start.
         keeper = TopicKeeper(self.kafka, self._producer.client,
                              lambda: self.topics.all(self.config), service="admission",
-                             on_lost=self._follow_state_from_recent,
-                             follow=lambda: [self._state_consumer, self._consumer])
+                             on_lost=self._state.seek_recent,
+                             follow=lambda: [self._state.consumer, self._consumer])
         keeper.known(created)
         self.keep(keeper)
         self.log.info("admission_started", ingress=self.topics.ingress,
                       group=f"{self.topics.prefix}admission", metrics_url=self.metrics_url)
 
-    def tasks(self) -> list:
-        return [self._read_state()]
-
     async def close(self) -> None:
         """Leave the ingress group and disconnect (the steps in hand were settled)."""
-        if self._consumer is not None:
-            await stop_consumer(self._consumer)
-        if self._state_consumer is not None:
-            await self._state_consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        if self._state is not None:
+            await self._state.stop()
+        await close_clients(self._consumer, self._producer)
 
     def readiness(self) -> tuple[bool, str]:
         """Ready once the producer runs and some ingress partition is assigned."""
@@ -558,39 +536,13 @@ class AdmissionService(Service):
 
     # -- scheduler state -------------------------------------------------
 
-    async def _follow_state_from_recent(self) -> None:
-        topic = self.topics.scheduler_state
-        partitions = self._state_consumer.partitions_for_topic(topic) or {0}
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        self._state_consumer.assign(tps)
-        since = self.now_ms() - int(self.throttle.stale_after_ms)
-        found = await self._state_consumer.offsets_for_times({tp: since for tp in tps})
-        missing = [tp for tp in tps if found.get(tp) is None]
-        # Nothing recent: every snapshot is stale, so start at the end.
-        ends = await self._state_consumer.end_offsets(missing) if missing else {}
-        for tp in tps:
-            hit = found.get(tp)
-            self._state_consumer.seek(tp, hit.offset if hit is not None else ends[tp])
+    def _observe_state(self, state: SchedulerState) -> None:
+        self.throttle.observe(state, self.now_ms())
 
-    async def _read_state(self) -> None:
-        while True:
-            try:
-                batches = await self._state_consumer.getmany(timeout_ms=500)
-            except KafkaError as e:
-                log.warning("scheduler_state_fetch_failed", error=repr(e))
-                await asyncio.sleep(1.0)
-                continue
-            for records in batches.values():
-                for rec in records:
-                    try:
-                        state = _state_codec.decode_record(rec.value, rec.headers)
-                    except DecodeError as e:
-                        self.metrics.state_errors.inc()
-                        if self._sampler.allow(self.now_ms()):
-                            log.warning("scheduler_state_undecodable", offset=rec.offset,
-                                        error=str(e))
-                        continue
-                    self.throttle.observe(state, self.now_ms())
+    def _state_undecodable(self, rec, e: DecodeError) -> None:
+        self.metrics.state_errors.inc()
+        if self._sampler.allow(self.now_ms()):
+            log.warning("scheduler_state_undecodable", offset=rec.offset, error=str(e))
 
     def _state_age_s(self) -> float:
         age = self.throttle.age_ms(self.now_ms())

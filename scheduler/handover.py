@@ -13,7 +13,7 @@ So the leader puts its measurements in every state snapshot
 *mark* per worker: the last report folded in. Every instance keeps the
 recent reports it read (:meth:`CostHandover.seen`) and the newest snapshot
 of another leader (:meth:`CostHandover.offer`, fed by
-:mod:`scheduler.state_follower`). On election, :meth:`CostHandover.take_over`
+:mod:`plumbing.state_follower`). On election, :meth:`CostHandover.take_over`
 restores the snapshot's averages and folds in, in the order the topic gave
 them, the reports that came after the marks. The worker-events topic has one
 partition, so every instance reads the reports in the same order, and the

@@ -59,7 +59,6 @@ import msgspec
 import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
-from msgspec import Meta
 from prometheus_client import CollectorRegistry
 from structlog.contextvars import bound_contextvars
 
@@ -67,17 +66,18 @@ from plumbing.brokerwatch import BrokerWatch
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
+    close_clients,
     consumer_lag,
     make_consumer,
     make_producer,
-    stop_consumer,
 )
 from plumbing.kafka import settings_from_args as kafka_settings_from_args
 from plumbing.logs import LogSampler, configure_logging
 from plumbing.service import Service, serve
-from plumbing.settings import Settings, SettingsError
+from plumbing.settings import ServiceSettings, SettingsError, doc
 from plumbing.settings import add_arguments as add_settings_arguments
 from plumbing.settings import from_args as settings_from_args
+from plumbing.state_follower import StateFollower
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from scheduler.core import Policy, Scheduler
@@ -92,7 +92,6 @@ from scheduler.leader import LeaderElection
 from scheduler.metrics import SchedulerMetrics
 from scheduler.publish import snapshot
 from scheduler.snapshot import Backlog, ServiceRate
-from scheduler.state_follower import StateFollower
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, Batch, Result, SchedulerState, WorkerEvent
@@ -108,51 +107,38 @@ _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
 
 
-def _doc(text: str, **limits) -> Meta:
-    return Meta(description=" ".join(text.split()), **limits)
 
-
-class SchedulerSettings(Settings, frozen=True):
+class SchedulerSettings(ServiceSettings, frozen=True):
     """How the service runs (the fairness settings are in the configuration file).
 
     Every field is also a flag (``--commit-interval-ms``) and an environment
     variable (``SF_SCHEDULER_COMMIT_INTERVAL_MS``), see :mod:`plumbing.settings`.
     """
 
-    policy: Annotated[Policy, _doc(
+    policy: Annotated[Policy, doc(
         "drr (fair) or fifo (the baseline, for comparisons).")] = "drr"
-    commit_interval_ms: Annotated[int, _doc(
+    commit_interval_ms: Annotated[int, doc(
         "How often tier offsets are committed. Lower replays less after a crash, at one "
         "commit request per interval.", ge=1)] = 500
-    max_poll_records: Annotated[int, _doc(
+    max_poll_records: Annotated[int, doc(
         "Tier records taken per intake slice; also the most the held count can overshoot "
         "max_held_requests by before the consumers pause.", ge=1)] = 500
-    state_top_orgs: Annotated[int, _doc(
+    state_top_orgs: Annotated[int, doc(
         "Orgs listed in each lane's org_held_tokens snapshot.", ge=0)] = 20
-    linger_ms: Annotated[int, _doc(
+    linger_ms: Annotated[int, doc(
         "Producer linger for batches and results. 0: a batch goes out the moment a "
         "worker has credit.", ge=0)] = 0
-    metrics_host: Annotated[str, _doc(
-        "Address of /metrics, /healthz and /readyz (0.0.0.0 in a container).")] = "127.0.0.1"
-    metrics_port: Annotated[int | None, _doc(
-        "Port of /metrics, /healthz and /readyz; unset: no HTTP endpoint, 0: any free "
-        "port.")] = None
-    leader_session_timeout_ms: Annotated[int | None, _doc(
+    leader_session_timeout_ms: Annotated[int | None, doc(
         "Session of the leader group: a crashed leader is replaced about this long "
         "(Tansu: ~1.5x) plus two group joins after it died; unset: the Kafka session "
         "timeout. Apache Kafka refuses values below its group.min.session.timeout.ms "
         "(6 s by default).")] = None
-    config_path: Annotated[str | None, _doc(
+    config_path: Annotated[str | None, doc(
         "The configuration file, reloaded on SIGHUP and when its modification time "
         "changes; unset: no file.")] = None
-    config_poll_ms: Annotated[int, _doc(
+    config_poll_ms: Annotated[int, doc(
         "How often the file's modification time is checked; 0: on SIGHUP only.",
         ge=0)] = 2_000
-    log_lines_per_s: Annotated[int, _doc(
-        "batch_emitted and request_expired lines per second at info; the rest of a burst "
-        "goes to debug and into the totals line.", ge=0)] = 20
-    totals_log_interval_s: Annotated[float, _doc(
-        "Period of the scheduler_totals info line.", gt=0)] = 30.0
 
 
 def _full_batches(config: Config) -> dict[str, int]:
@@ -168,12 +154,9 @@ class SchedulerService(Service):
     def __init__(self, config: Config, kafka: KafkaSettings, *,
                  settings: SchedulerSettings | None = None,
                  registry: CollectorRegistry | None = None):
-        s = self.settings = settings or SchedulerSettings()
-        super().__init__(config, kafka, registry=registry, config_path=s.config_path,
-                         config_poll_ms=s.config_poll_ms,
-                         totals_log_interval_s=s.totals_log_interval_s,
-                         metrics_host=s.metrics_host, metrics_port=s.metrics_port,
-                         stop_grace_s=5.0)
+        s = settings or SchedulerSettings()
+        super().__init__(config, kafka, s, registry=registry, config_path=s.config_path,
+                         config_poll_ms=s.config_poll_ms, stop_grace_s=5.0)
         self.topics = Topics.of(config)
         self.metrics = SchedulerMetrics(self.registry, config)
         self.fairness = LiveFairness(self.registry, config)
@@ -274,13 +257,7 @@ class SchedulerService(Service):
             await self.election.stop()  # after the intake: the next leader replays from its commit
         if self._state_follower is not None:
             await self._state_follower.stop()
-        if self._event_consumer is not None:
-            with contextlib.suppress(Exception):
-                await stop_consumer(self._event_consumer)
-        for producer in (self._batch_producer, self._producer):
-            if producer is not None:
-                with contextlib.suppress(Exception):
-                    await producer.stop()
+        await close_clients(self._event_consumer, self._batch_producer, self._producer)
         self._event_consumer = self._producer = self._batch_producer = None
 
     def readiness(self) -> tuple[bool, str]:

@@ -76,19 +76,16 @@ class TokenCounter(Protocol):
     # "cross-encoder", for what a rerank endpoint's model reads).
 
 
-class WhitespaceTokenCounter(TokenCounter):
-    """The counter of the fake models: whitespace-separated words."""
+class _Named(TokenCounter):
+    """What every counter here knows of its model: its name and its length limit."""
 
-    #: The fake reranker scores by cosine of fake embeddings.
-    model_kind: ModelKind = "embedding"
-
-    def __init__(
-        self, *, name: str = "fake", max_seq_length: int | None = FAKE_MAX_SEQ_LENGTH,
-        dimension: int | None = None,
-    ) -> None:
+    def __init__(self, *, name: str, max_seq_length: int | None, dimension: int | None,
+                 model_kind: ModelKind | None) -> None:
         self._name = name
         self._max_seq_length = max_seq_length
+        #: The model's vector size and kind, when known (see TokenCounter).
         self.dimension = dimension
+        self.model_kind = model_kind
 
     @property
     def name(self) -> str:
@@ -97,6 +94,18 @@ class WhitespaceTokenCounter(TokenCounter):
     @property
     def max_seq_length(self) -> int | None:
         return self._max_seq_length
+
+
+class WhitespaceTokenCounter(_Named):
+    """The counter of the fake models: whitespace-separated words."""
+
+    def __init__(
+        self, *, name: str = "fake", max_seq_length: int | None = FAKE_MAX_SEQ_LENGTH,
+        dimension: int | None = None,
+    ) -> None:
+        # The fake reranker scores by cosine of fake embeddings.
+        super().__init__(name=name, max_seq_length=max_seq_length, dimension=dimension,
+                         model_kind="embedding")
 
     def count(self, texts: Sequence[str]) -> list[int]:
         return [whitespace_token_count(text) for text in texts]
@@ -106,7 +115,7 @@ class WhitespaceTokenCounter(TokenCounter):
         return [query_tokens + whitespace_token_count(doc) for doc in documents]
 
 
-class TokenizersCounter(TokenCounter):
+class TokenizersCounter(_Named):
     """Counts with a ``tokenizers.Tokenizer`` (a copy with truncation and padding off)."""
 
     def __init__(
@@ -115,25 +124,13 @@ class TokenizersCounter(TokenCounter):
     ) -> None:
         import tokenizers
 
-        #: The model's vector size and kind, when its folder says (see TokenCounter).
-        self.dimension = dimension
-        self.model_kind = model_kind
-
+        super().__init__(name=name, max_seq_length=max_seq_length, dimension=dimension,
+                         model_kind=model_kind)
         # A copy: the tokenizer may be shared with a loaded model that relies on
         # its truncation settings.
         self._tokenizer = tokenizers.Tokenizer.from_str(tokenizer.to_str())
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
-        self._name = name
-        self._max_seq_length = max_seq_length
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def max_seq_length(self) -> int | None:
-        return self._max_seq_length
 
     def count(self, texts: Sequence[str]) -> list[int]:
         if not texts:

@@ -422,10 +422,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(text)
     return 0
-
-
-if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="serving-fairness report", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))

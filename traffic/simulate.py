@@ -617,10 +617,3 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summaries[args.policy], indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="serving-fairness simulate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))

@@ -354,10 +354,3 @@ def run(args: argparse.Namespace) -> int:
         n = write_trace(args.out, recs)
         print(f"wrote {n} requests to {args.out}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="serving-fairness trace", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(_p)
-    sys.exit(run(_p.parse_args()))

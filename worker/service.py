@@ -48,7 +48,6 @@ from typing import Annotated
 import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
-from msgspec import Meta
 from prometheus_client import CollectorRegistry
 
 from plumbing.brokerwatch import BrokerWatch
@@ -56,11 +55,11 @@ from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
+    close_clients,
     consumer_lag,
     in_group,
     make_consumer,
     make_producer,
-    stop_consumer,
 )
 from plumbing.kafka import settings_from_args as kafka_settings_from_args
 from plumbing.labels import cached_labels
@@ -69,7 +68,7 @@ from plumbing.offsets import OffsetTracker
 from plumbing.outbox import Outbox, Written
 from plumbing.rebalance import Rebalance
 from plumbing.service import Service, serve
-from plumbing.settings import Settings, SettingsError
+from plumbing.settings import ServiceSettings, SettingsError, doc
 from plumbing.settings import add_arguments as add_settings_arguments
 from plumbing.settings import from_args as settings_from_args
 from plumbing.topickeeper import TopicKeeper
@@ -93,52 +92,39 @@ _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
 _CONTENT_TYPE = {fmt: [("content-type", content_type(fmt).encode())] for fmt in ("json", "msgpack")}
 
 
-def _doc(text: str, **limits) -> Meta:
-    return Meta(description=" ".join(text.split()), **limits)
 
-
-class WorkerSettings(Settings, frozen=True):
+class WorkerSettings(ServiceSettings, frozen=True, kw_only=True):
     """How one worker runs. The endpoint's batch limits come from the configuration.
 
     Every field is also a flag (``--microbatch-size``) and an environment
     variable (``SF_WORKER_MICROBATCH_SIZE``), see :mod:`plumbing.settings`.
     """
 
-    endpoint: Annotated[str, _doc("The endpoint this worker serves.")]
-    model: Annotated[str | None, _doc(
+    endpoint: Annotated[str, doc("The endpoint this worker serves.")]
+    model: Annotated[str | None, doc(
         "Model spec; unset: the endpoint's model ('fake' for tests).")] = None
-    slots: Annotated[int | None, _doc(
+    slots: Annotated[int | None, doc(
         "The most batches held at once whose credit is not returned; unset: "
         "service.worker_slots.")] = None
-    worker_id: Annotated[str | None, _doc(
+    worker_id: Annotated[str | None, doc(
         "Unique per process; the scheduler counts credit by it (unset: "
         "host-pid-random).")] = None
-    threads: Annotated[int | None, _doc("torch intra-op threads; unset: torch's default.")] = None
-    device: Annotated[str | None, _doc(
+    threads: Annotated[int | None, doc("torch intra-op threads; unset: torch's default.")] = None
+    device: Annotated[str | None, doc(
         "cpu, cuda, cuda:1...; unset: CUDA when torch sees a GPU, else the CPU.")] = None
-    microbatch_tokens: Annotated[int, _doc(
+    microbatch_tokens: Annotated[int, doc(
         "Micro-batch budget in padded tokens (texts x longest text): bounds memory and "
         "keeps the first results early.", ge=1)] = 4096
-    microbatch_size: Annotated[int, _doc("Texts per micro-batch at most.", ge=1)] = 32
-    revoke_wait_s: Annotated[float, _doc(
+    microbatch_size: Annotated[int, doc("Texts per micro-batch at most.", ge=1)] = 32
+    revoke_wait_s: Annotated[float, doc(
         "How long a rebalance waits for batches in hand on revoked partitions, so they "
         "commit here rather than run again elsewhere.", ge=0)] = 5.0
-    drain_s: Annotated[float, _doc(
+    drain_s: Annotated[float, doc(
         "How long a stop waits for the batches in hand to finish.", ge=0)] = 60.0
-    warm_up: Annotated[bool, _doc(
+    warm_up: Annotated[bool, doc(
         "Run a few batches of different shapes before joining the group: the first calls "
         "of a shape are slow (kernel selection, allocator growth), and the first real "
         "requests should not pay for that.")] = True
-    log_lines_per_s: Annotated[int, _doc(
-        "Per-batch and per-request lines logged per second at info/warning; the rest of "
-        "a burst goes to debug and into the totals line.", ge=0)] = 20
-    totals_log_interval_s: Annotated[float, _doc(
-        "Period of the worker_totals info line.", gt=0)] = 30.0
-    metrics_host: Annotated[str, _doc(
-        "Address of /metrics, /healthz and /readyz (0.0.0.0 in a container).")] = "127.0.0.1"
-    metrics_port: Annotated[int | None, _doc(
-        "Port of /metrics, /healthz and /readyz; unset: no HTTP endpoint, 0: any free "
-        "port.")] = None
 
 
 def warm_up(model, kind: str) -> None:
@@ -219,11 +205,8 @@ class WorkerService(Service):
     def __init__(self, config: Config, kafka: KafkaSettings, settings: WorkerSettings, *,
                  registry: CollectorRegistry | None = None, model=None):
         self.check(config, settings)
-        super().__init__(config, kafka, registry=registry,
-                         totals_log_interval_s=settings.totals_log_interval_s,
-                         metrics_host=settings.metrics_host, metrics_port=settings.metrics_port,
+        super().__init__(config, kafka, settings, registry=registry,
                          stop_grace_s=settings.drain_s + 5)
-        self.settings = settings
         self.endpoint = settings.endpoint
         self.kind = config.endpoints[self.endpoint].kind
         self.slots = settings.slots or config.service.worker_slots
@@ -348,13 +331,7 @@ class WorkerService(Service):
                 await self._announce("bye", partitions=[], slots=0)
             with contextlib.suppress(KafkaError):
                 await self._commit()
-        if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                await stop_consumer(self._consumer)
-        for producer in (self._producer, self._events_producer):
-            if producer is not None:
-                with contextlib.suppress(Exception):
-                    await producer.stop()
+        await close_clients(self._consumer, self._producer, self._events_producer)
         self._consumer = self._producer = self._events_producer = None
 
     async def abort(self) -> None:

@@ -15,8 +15,9 @@ import pytest
 
 from tests.fixtures.tiny_models import build_tiny_cross_encoder, build_tiny_sentence_transformer
 from tokens.counting import load_token_counter
+from tokens.specs import model_dimension
 from worker.interface import EncodeOptions
-from worker.models import CrossEncoderReranker, load_embedder, load_reranker, model_dimension
+from worker.models import CrossEncoderReranker, load_embedder, load_reranker
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

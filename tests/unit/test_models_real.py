@@ -17,11 +17,11 @@ from tests.fixtures.tiny_models import (
     build_tiny_sentence_transformer,
 )
 from tokens.counting import load_token_counter
+from tokens.specs import ModelSpecError
 from worker.interface import CosineReranker, Embedder, Reranker
 from worker.microbatch import plan_microbatches
 from worker.models import (
     CrossEncoderReranker,
-    ModelSpecError,
     SentenceTransformerEmbedder,
     load_embedder,
     load_reranker,

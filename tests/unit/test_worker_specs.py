@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from tokens.counting import TokenizersCounter, load_token_counter
-from worker.models import (
+from tokens.specs import (
     WHEEL_MODELS,
     ModelSpecError,
-    choose_device,
     detect_model_kind,
-    load_reranker,
     model_max_seq_length,
     resolve_model_path,
 )
+from worker.models import choose_device, load_reranker
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
