@@ -39,10 +39,21 @@ from plumbing.settings import ServiceSettings
 from plumbing.telemetry import TelemetryServer
 from schemas.config import ConfigError, load_config
 
-__all__ = ["Service", "serve"]
+__all__ = ["Service", "StartStop", "serve"]
 
 
-class Service:
+class StartStop:
+    """``async with x:`` for anything with ``start()`` and ``stop()`` (services, the client)."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+class Service(StartStop):
     """Base of the three services; see the module docstring for the hooks.
 
     Fixed at construction: ``name``, ``kafka``, ``registry``, the telemetry
@@ -115,13 +126,6 @@ class Service:
         raise ConfigError([f"a {self.name} does not reload"])
 
     # -- lifecycle ---------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Serve /metrics, open the service, then mark it started."""

@@ -56,7 +56,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Self
+from typing import Any
 
 import msgspec
 from aiokafka.errors import KafkaError
@@ -70,6 +70,7 @@ from plumbing.kafka import (
     settings_from_args,
 )
 from plumbing.logs import get_logger
+from plumbing.service import StartStop
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from schemas.codec import DecodeError, Format, codec_for, content_type, format_from_headers
@@ -108,7 +109,7 @@ class ResultLost(TimeoutError):
         super().__init__(f"request {request_id!r} was lost: {why}; submit it again")
 
 
-class FairnessClient:
+class FairnessClient(StartStop):
     """Submits requests to the ingress topic and hands back each result once.
 
     ``config_or_prefix`` is the deployment's :class:`Config` or just its
@@ -167,13 +168,6 @@ class FairnessClient:
         self.broker_losses = 0
 
     # -- lifecycle -------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Create the reply topic if it is ours, connect, and start reading results."""
