@@ -11,92 +11,41 @@ from typing import Any
 
 import msgspec
 
-from schemas.config import Config, parse_config
+from schemas.build import Built, build_config
+from schemas.config import Config
 
-__all__ = ["NOW_MS", "TOML", "make_config", "request_dict", "request_json"]
+__all__ = ["NOW_MS", "REGISTRY", "make_config", "registry", "request_dict", "request_json"]
 
 #: A fixed "now" for pure tests, in epoch milliseconds.
 NOW_MS = 1_700_000_000_000
 
-TOML = """
-[service]
-topic_prefix = "sf."
-reply_prefix = "replies."
-max_held_requests = 100
-max_message_bytes = 2000
+_SMALL = {"model": "fake", "quantum": 64, "max_batch_tokens": 64, "max_request_tokens": 20,
+          "max_texts": 4, "max_text_chars": 50, "latency_target_ms": 1000}
 
-[[tiers]]
-name = "enterprise"
+#: The test registry: tiers enterprise > standard > free; free orgs are limited on embed
+#: (3 requests and 40 tokens a minute, 5 requests a day) and refused rerank, but for
+#: vip-trial's own 1000 a second.
+REGISTRY = build_config(
+    prefix="sf.", reply_prefix="replies.", max_held_requests=100, max_message_bytes=2000,
+    tiers=["enterprise", "standard", "free"],
+    endpoints={"embed": {**_SMALL, "priority_cap": {"enterprise": 9, "standard": 5, "free": 2}},
+               "rerank": _SMALL},
+    orgs={"acme": {"tier": "enterprise", "weight": 2.0}, "bulk": "standard", "quiet": "standard",
+          "trial": "free",
+          "vip-trial": {"tier": "free", "limits": {"embed": [{"window_s": 1, "requests": 1000}]}}},
+    limits={"free": {"embed": [{"window_s": 60, "requests": 3, "tokens": 40},
+                               {"window_s": 86400, "requests": 5}],
+                     "rerank": [{"window_s": 60, "requests": 0}]}})
 
-[[tiers]]
-name = "standard"
 
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-quantum = 64
-max_batch_tokens = 64
-max_request_tokens = 20
-max_texts = 4
-max_text_chars = 50
-latency_target_ms = 1000
-priority_cap = { enterprise = 9, standard = 5, free = 2 }
-
-[endpoints.rerank]
-kind = "rerank"
-model = "fake"
-quantum = 64
-max_batch_tokens = 64
-max_request_tokens = 20
-max_texts = 4
-max_text_chars = 50
-latency_target_ms = 1000
-
-[orgs.acme]
-tier = "enterprise"
-weight = 2.0
-
-[orgs.bulk]
-tier = "standard"
-
-[orgs.quiet]
-tier = "standard"
-
-[orgs.trial]
-tier = "free"
-
-[orgs.vip-trial]
-tier = "free"
-
-[[orgs.vip-trial.limits.embed]]
-window_s = 1
-requests = 1000
-
-[[limits.free.embed]]
-window_s = 60
-requests = 3
-tokens = 40
-
-[[limits.free.embed]]
-window_s = 86400
-requests = 5
-
-[[limits.free.rerank]]
-window_s = 60
-requests = 0
-"""
+def registry(**changes: Any) -> Built:
+    """The test registry with ``changes`` merged in (the arguments of ``build_config``)."""
+    return build_config(base=REGISTRY.data, **changes)
 
 
 def make_config(**service: Any) -> Config:
     """The test registry, with ``[service]`` keys overridden."""
-    import tomllib
-
-    raw = tomllib.loads(TOML)
-    raw["service"].update(service)
-    return parse_config(raw)
+    return registry(**service).config
 
 
 def request_dict(**fields: Any) -> dict[str, Any]:

@@ -54,7 +54,6 @@ from scheduler import intake as intake_module
 from scheduler import service as service_module
 from scheduler.service import SchedulerService
 from schemas.codec import DecodeError, codec_for
-from schemas.config import parse_config
 from schemas.messages import (
     TERMINAL_STATUSES,
     AdmittedRequest,
@@ -68,7 +67,7 @@ from schemas.messages import (
     WorkerEvent,
 )
 from schemas.topics import Topics
-from tests.admission_setup import TOML
+from tests.admission_setup import registry
 from tests.fuzz.hostile import BOMBS, EVIL_STRINGS, NOW_MS, allowed_reply_topic, fuzz_settings
 from tests.fuzz.internal import (
     BUILDERS,
@@ -89,9 +88,7 @@ from worker.interface import CosineReranker
 
 # The admission registry, with the rerank endpoint on the adaptive cost model so
 # that worker timings feed a cost that could be poisoned.
-_RAW = __import__("tomllib").loads(TOML)
-_RAW["endpoints"]["rerank"].update(cost_model="adaptive", quantum=128)
-CONFIG = parse_config(_RAW)
+CONFIG = registry(endpoints={"rerank": {"cost_model": "adaptive", "quantum": 128}}).config
 TOPICS = Topics.of(CONFIG)
 _SEEDS = st.integers(0, 2**64 - 1)
 def _valid_record(typ: type, seed: int) -> tuple[Any, bytes, list, str]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import tomllib
 
 import msgspec
 import numpy as np
@@ -35,11 +34,10 @@ from producer.admission import Admitted, DeadLetterReason, Refused, decide
 from producer.ratelimit import RateLimiter
 from producer.throttle import ThrottleState
 from schemas.codec import codec_for
-from schemas.config import parse_config
 from schemas.messages import AdmittedRequest, Batch, EmbedInput
 from schemas.options import EMBEDDING_TYPES, MAX_DIMENSIONS
 from schemas.vectors import decode_embeddings
-from tests.admission_setup import NOW_MS, TOML
+from tests.admission_setup import NOW_MS, registry
 from tests.fuzz.hostile import evil_string, fuzz_settings
 from tokens.counting import WhitespaceTokenCounter
 from worker.execute import BatchExecutor
@@ -50,12 +48,10 @@ PROMPTS = {"search_query": "find this: ", "search_document": "", "q": "q:"}
 
 
 def _config():
-    raw = tomllib.loads(TOML)
-    for ep in ("embed", "rerank"):
-        raw["endpoints"][ep].update(max_text_chars=400, max_request_tokens=64,
-                                    max_batch_tokens=64, quantum=64)
-    raw["endpoints"]["embed"]["prompts"] = PROMPTS
-    return parse_config(raw)
+    larger = {"max_text_chars": 400, "max_request_tokens": 64, "max_batch_tokens": 64,
+              "quantum": 64}
+    return registry(endpoints={"embed": {**larger, "prompts": PROMPTS},
+                               "rerank": larger}).config
 
 
 CONFIG = _config()

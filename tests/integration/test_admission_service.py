@@ -23,13 +23,14 @@ from schemas.codec import codec_for, format_from_headers
 from schemas.config import load_config
 from schemas.messages import AdmittedRequest, DeadLetter, LaneState, Result, SchedulerState
 from schemas.topics import Topics
-from tests.admission_setup import TOML
+from tests.admission_setup import registry
 
 pytestmark = pytest.mark.integration
 
 
-def _write_config(path: Path, prefix: str, extra: str = "") -> Path:
-    path.write_text(TOML.replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"') + extra)
+def _write_config(path: Path, prefix: str, **orgs: str) -> Path:
+    """The test registry under ``prefix``, with more orgs (name = tier), written to ``path``."""
+    path.write_text(registry(prefix=prefix, orgs=orgs).text)
     return path
 
 
@@ -192,7 +193,7 @@ async def test_reload_applies_a_valid_file_and_refuses_an_invalid_one(
         service, kafka_settings, topic_prefix, config_path):
     """A reload adds a new org; a broken file is refused and the old configuration stays."""
     topics = Topics(topic_prefix)
-    _write_config(config_path, topic_prefix, '\n[orgs.newco]\ntier = "standard"\n')
+    _write_config(config_path, topic_prefix, newco="standard")
     assert await service.reload()
     config_path.write_text("[[tiers]]\nname = 'x'\n[endpoints.e]\nkind = 'nope'\n")
     assert not await service.reload()
@@ -310,7 +311,7 @@ async def test_command_reloads_on_sighup_and_stops_on_sigterm(kafka_settings, to
         proc.send_signal(signal.SIGHUP)
         refused = await event("config_reload_refused")
         assert "not valid TOML" in refused["problems"][0]
-        _write_config(config_path, topic_prefix, '\n[orgs.newco]\ntier = "standard"\n')
+        _write_config(config_path, topic_prefix, newco="standard")
         proc.send_signal(signal.SIGHUP)
         await event("config_reloaded")
         proc.send_signal(signal.SIGTERM)

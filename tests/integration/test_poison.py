@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import random
 import time
-import tomllib
 
 import pytest
 from aiokafka.structs import TopicPartition
@@ -27,8 +26,9 @@ from prometheus_client import CollectorRegistry
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer, stop_consumer
 from plumbing.topics import describe_topics, ensure_topics
 from producer.service import AdmissionService, AdmissionSettings
+from schemas.build import build_config
 from schemas.codec import codec_for, format_from_headers
-from schemas.config import Config, parse_config
+from schemas.config import Config
 from schemas.messages import (
     AdmittedRequest,
     Batch,
@@ -38,7 +38,7 @@ from schemas.messages import (
     Result,
 )
 from schemas.topics import Topics
-from tests.admission_setup import TOML
+from tests.admission_setup import registry
 from tests.fuzz.hostile import hostile_burst
 from tests.fuzz.internal import KINDS, hostile_record_from
 from worker.service import WorkerService, WorkerSettings
@@ -50,9 +50,7 @@ SEED = 20_261_129
 
 
 def _config(prefix: str, **service) -> Config:
-    raw = tomllib.loads(TOML)
-    raw["service"].update(topic_prefix=prefix, **service)
-    return parse_config(raw)
+    return registry(prefix=prefix, **service).config
 
 
 async def _until(cond, what: str, timeout_s: float = 30.0) -> None:
@@ -214,25 +212,11 @@ async def test_admission_survives_a_hostile_burst(kafka_settings, topic_prefix):
 
 
 def _worker_config(prefix: str) -> Config:
-    return parse_config(f"""
-[service]
-topic_prefix = "{prefix}"
-heartbeat_ms = 200
-
-[[tiers]]
-name = "gold"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-quantum = 512
-max_batch_tokens = 512
-max_request_tokens = 512
-partitions = 2
-
-[orgs.acme]
-tier = "gold"
-""")
+    """One tier and acme: what the worker needs to take batches of the embed endpoint."""
+    return build_config(prefix=prefix, heartbeat_ms=200, tiers=["gold"],
+                        endpoints={"embed": {"quantum": 512, "max_batch_tokens": 512,
+                                             "max_request_tokens": 512, "partitions": 2}},
+                        orgs={"acme": "gold"}).config
 
 
 def _request(rid: str, topics: Topics, *, inp=None, deadline_at_ms=None,

@@ -17,39 +17,21 @@ from prometheus_client import CollectorRegistry
 
 from plumbing.kafka import KafkaSettings, make_producer
 from producer.service import AdmissionService, AdmissionSettings
-from schemas.config import parse_config
 from schemas.messages import AdmittedRequest, Result
 from schemas.topics import Topics
-from tests.admission_setup import TOML
+from tests.admission_setup import registry
 from tests.clock import FakeClock
 from tests.integration.pipeline_setup import Reader, running, until
 
 pytestmark = pytest.mark.integration
 
-LIMITS = """
-# Requests: 2 per second and 3 per minute. Tokens: 6 per second and 10 per minute.
-[orgs.metered]
-tier = "standard"
-
-[[orgs.metered.limits.embed]]
-window_s = 1
-requests = 2
-
-[[orgs.metered.limits.embed]]
-window_s = 60
-requests = 3
-
-[orgs.tokened]
-tier = "standard"
-
-[[orgs.tokened.limits.embed]]
-window_s = 1
-tokens = 6
-
-[[orgs.tokened.limits.embed]]
-window_s = 60
-tokens = 10
-"""
+#: Requests: 2 per second and 3 per minute. Tokens: 6 per second and 10 per minute.
+ORGS = {
+    "metered": {"tier": "standard", "limits": {"embed": [{"window_s": 1, "requests": 2},
+                                                        {"window_s": 60, "requests": 3}]}},
+    "tokened": {"tier": "standard", "limits": {"embed": [{"window_s": 1, "tokens": 6},
+                                                        {"window_s": 60, "tokens": 10}]}},
+}
 
 
 def body(rid: str, org: str) -> bytes:
@@ -63,8 +45,7 @@ async def test_request_and_token_limits_hold_over_two_windows(kafka_settings: Ka
     """The short window refuses a burst and frees up after its retry-after; then the long
     window refuses, with its own retry-after, and admits again exactly when that has passed.
     A refused request costs nothing."""
-    cfg = parse_config(TOML.replace('topic_prefix = "sf."', f'topic_prefix = "{topic_prefix}"')
-                       + LIMITS)
+    cfg = registry(prefix=topic_prefix, orgs=ORGS).config
     topics = Topics.of(cfg)
     clock = FakeClock(time.time())
     service = AdmissionService(cfg, kafka_settings, registry=CollectorRegistry(),

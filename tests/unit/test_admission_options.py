@@ -2,30 +2,26 @@
 
 from __future__ import annotations
 
-import tomllib
-
 import msgspec
 import pytest
 
 from producer.admission import Admitted, DeadLetterReason, Refused, decide
 from producer.ratelimit import RateLimiter
 from producer.throttle import ThrottleState
-from schemas.config import ConfigError, parse_config
+from schemas.config import ConfigError
 from schemas.messages import EmbedInput, RerankInput
-from tests.admission_setup import NOW_MS, TOML, request_json
+from tests.admission_setup import NOW_MS, registry, request_json
 from tokens.counting import WhitespaceTokenCounter
 
 
 def options_config(**embed):
     """The shared test registry, its embed endpoint listing two prompts (and ``embed`` keys)."""
-    raw = tomllib.loads(TOML)
-    raw["endpoints"]["embed"].update(
-        prompts={"search_query": "find: ", "search_document": ""}, max_text_chars=400,
-        max_request_tokens=64, max_batch_tokens=64, quantum=64)
-    raw["endpoints"]["embed"].update(embed)
-    raw["endpoints"]["rerank"].update(max_text_chars=400, max_request_tokens=64,
-                                      max_batch_tokens=64, quantum=64)
-    return parse_config(raw)
+    larger = {"max_text_chars": 400, "max_request_tokens": 64, "max_batch_tokens": 64,
+              "quantum": 64}
+    return registry(endpoints={
+        "embed": {**larger, "prompts": {"search_query": "find: ", "search_document": ""},
+                  **embed},
+        "rerank": larger}).config
 
 
 CFG = options_config()
@@ -208,10 +204,8 @@ def test_bad_option_types_are_invalid_naming_the_field(inp, field):
 
 def test_config_prompts_only_on_embed_endpoints():
     """A rerank endpoint with prompts is a configuration error naming the field."""
-    raw = tomllib.loads(TOML)
-    raw["endpoints"]["rerank"]["prompts"] = {"q": "x"}
     with pytest.raises(ConfigError, match=r"endpoints.rerank.prompts"):
-        parse_config(raw)
+        registry(endpoints={"rerank": {"prompts": {"q": "x"}}})
 
 
 def test_rerank_input_defaults_stay_off_the_wire():

@@ -6,8 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from producer.ratelimit import RateLimiter
-from schemas.config import parse_config
-from tests.admission_setup import TOML, make_config
+from tests.admission_setup import make_config, registry
 
 T0 = 1_000_000.0
 
@@ -108,7 +107,7 @@ def test_org_override_replaces_tier_default():
 
 def test_orgs_and_endpoints_are_limited_separately():
     """One org's spent budget does not touch another org's."""
-    cfg = parse_config(TOML + '\n[orgs.trial2]\ntier = "free"\n')
+    cfg = registry(orgs={"trial2": "free"}).config
     rl = RateLimiter(cfg)
     for _ in range(3):
         rl.acquire("trial", "embed", 1, T0)
@@ -134,9 +133,8 @@ def test_update_keeps_state_of_surviving_windows():
     rl = RateLimiter(make_config())
     for _ in range(3):
         rl.acquire("trial", "embed", 1, T0)
-    raised = parse_config(
-        TOML.replace("requests = 3\n", "requests = 6\n").replace("requests = 5\n", "requests = 99\n")
-    )
+    raised = registry(limits={"free": {"embed": [{"window_s": 60, "requests": 6, "tokens": 40},
+                                                {"window_s": 86400, "requests": 99}]}}).config
     rl.update(raised)
     # 3 of the new 6 are used: three more fit, not six.
     for _ in range(3):
@@ -149,13 +147,12 @@ def test_update_drops_state_of_removed_windows_and_orgs():
     rl = RateLimiter(make_config())
     for _ in range(3):
         rl.acquire("trial", "embed", 1, T0)
-    no_minute = parse_config(
-        TOML.replace("window_s = 60\nrequests = 3\ntokens = 40\n", "window_s = 3600\nrequests = 3\n")
-    )
+    no_minute = registry(limits={"free": {"embed": [{"window_s": 3600, "requests": 3},
+                                                   {"window_s": 86400, "requests": 5}]}}).config
     rl.update(no_minute)
     assert rl.check("trial", "embed", 1, T0).allowed  # the hour window starts empty
     assert rl.keys == 1  # the day window's charges survived
-    rl.update(parse_config(TOML.replace('[orgs.trial]\ntier = "free"\n', "")))
+    rl.update(registry(orgs={"trial": None}).config)
     assert rl.keys == 0
 
 
