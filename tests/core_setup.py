@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from scheduler import Entry, Scheduler
-from schemas.config import Config, parse_config
+from schemas.build import Built, build_config
+from schemas.config import Config
 
 __all__ = ["ENDPOINT", "config_dict", "config_for", "flat", "ids", "run_until_empty", "served_by"]
 
@@ -17,7 +18,7 @@ __all__ = ["ENDPOINT", "config_dict", "config_for", "flat", "ids", "run_until_em
 ENDPOINT = "e"
 
 
-def config_dict(
+def _built(
     *,
     tiers: Iterable[str] = ("t0",),
     min_share: Mapping[str, float] | None = None,
@@ -29,15 +30,11 @@ def config_dict(
     max_batch_size: int = 64,
     max_request_tokens: int = 100,
     ema_alpha: float = 0.2,
-) -> dict:
-    """The raw (TOML-shaped) dict of a configuration; ``orgs`` maps org -> tier or (tier, weight)."""
+) -> Built:
+    """One tier ``t0`` and one endpoint by default; ``orgs`` maps org -> tier or (tier, weight)."""
     shares = dict(min_share or {})
-    org_table = {}
-    for name, spec in (orgs or {}).items():
-        tier, weight = (spec, 1.0) if isinstance(spec, str) else spec
-        org_table[name] = {"tier": tier, "weight": weight}
     endpoint = {
-        "kind": "embed",
+        "model": None,  # the loader's default: the core never loads a model
         "cost_model": cost_model,
         "quantum": quantum,
         "max_batch_tokens": max_batch_tokens,
@@ -45,18 +42,23 @@ def config_dict(
         "max_request_tokens": max_request_tokens,
         "ema_alpha": ema_alpha,
     }
-    return {
-        "tiers": [
-            {"name": t, **({"min_share": shares[t]} if t in shares else {})} for t in tiers
-        ],
-        "endpoints": {name: dict(endpoint) for name in endpoints},
-        "orgs": org_table,
-    }
+    return build_config(
+        tiers=[{"name": t, "min_share": shares.get(t)} for t in tiers],
+        endpoints=dict.fromkeys(endpoints, endpoint),
+        orgs={name: {"tier": spec, "weight": 1.0} if isinstance(spec, str)
+              else {"tier": spec[0], "weight": spec[1]} for name, spec in (orgs or {}).items()},
+    )
+
+
+def config_dict(**kwargs) -> dict:
+    """The raw (TOML-shaped) dict of a configuration, to change and parse; keyword arguments
+    as for :func:`_built`."""
+    return _built(**kwargs).data
 
 
 def config_for(**kwargs) -> Config:
-    """A checked :class:`Config`; keyword arguments as for :func:`config_dict`."""
-    return parse_config(config_dict(**kwargs))
+    """A checked :class:`Config`; keyword arguments as for :func:`_built`."""
+    return _built(**kwargs).config
 
 
 def run_until_empty(
