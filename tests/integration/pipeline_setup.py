@@ -15,13 +15,15 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer, stop_consumer
+from schemas.build import build_config
 from schemas.codec import codec_for
-from schemas.config import Config, parse_config
+from schemas.config import Config
 from schemas.messages import AdmittedRequest, EmbedInput, RerankInput, Result
 from schemas.topics import Topics
 from worker.service import WorkerService, WorkerSettings
@@ -33,47 +35,18 @@ _MSGPACK = [("content-type", b"application/msgpack")]
 
 
 def make_config(prefix: str, *, model: str = "fake", worker_timeout_ms: int = 1500,
-                slots: int = 1, max_held: int = 10_000, rerank: str = "",
-                extra: str = "") -> Config:
-    """Two tiers (gold: acme, free: bulk), an embed and a rerank endpoint; ``rerank`` TOML
-    goes into the rerank endpoint's table, ``extra`` is appended."""
-    return parse_config(f"""
-[service]
-topic_prefix = "{prefix}"
-max_held_requests = {max_held}
-worker_slots = {slots}
-worker_timeout_ms = {worker_timeout_ms}
-heartbeat_ms = 200
-state_interval_ms = 100
-tier_partitions = 2
-
-[[tiers]]
-name = "gold"
-
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "{model}"
-quantum = 512
-max_batch_tokens = 512
-max_batch_size = 4
-max_request_tokens = 512
-partitions = 2
-
-[endpoints.rerank]
-kind = "rerank"
-model = "fake"
-partitions = 1
-{rerank}
-
-[orgs.acme]
-tier = "gold"
-
-[orgs.bulk]
-tier = "free"
-{extra}""")
+                slots: int = 1, max_held: int = 10_000, rerank: Mapping[str, Any] | None = None,
+                orgs: Mapping[str, str] | None = None) -> Config:
+    """Two tiers (gold: acme, free: bulk), an embed and a rerank endpoint; ``rerank`` fields
+    go into the rerank endpoint, ``orgs`` (name: tier) are added."""
+    return build_config(
+        prefix=prefix, max_held_requests=max_held, worker_slots=slots,
+        worker_timeout_ms=worker_timeout_ms, heartbeat_ms=200, state_interval_ms=100,
+        tier_partitions=2,
+        endpoints={"embed": {"model": model, "quantum": 512, "max_batch_tokens": 512,
+                             "max_batch_size": 4, "max_request_tokens": 512, "partitions": 2},
+                   "rerank": {"partitions": 1, **(rerank or {})}},
+        orgs={"acme": "gold", "bulk": "free", **(orgs or {})}).config
 
 
 def request(i: int, org: str, texts: list[str], *, tier: str = "gold", endpoint: str = "embed",

@@ -26,7 +26,7 @@ from tests.integration.pipeline_setup import (
 
 pytestmark = pytest.mark.integration
 
-RERANK = 'cost_model = "adaptive"\nquantum = 2048\nmax_request_tokens = 512'
+RERANK = {"cost_model": "adaptive", "quantum": 2048, "max_request_tokens": 512}
 LONG = " ".join(["word"] * 50)
 
 
@@ -34,7 +34,7 @@ async def test_worker_timings_change_an_orgs_cost(kafka_settings, topic_prefix):
     """After batches of both orgs are served, the org of short requests costs more than its
     tokens and the org of long ones less; the scheduler's snapshot charges a held short
     request by that measured cost."""
-    cfg = make_config(topic_prefix, rerank=RERANK, extra='[orgs.longdocs]\ntier = "gold"\n')
+    cfg = make_config(topic_prefix, rerank=RERANK, orgs={"longdocs": "gold"})
     topics = Topics.of(cfg)
     sched = SchedulerService(cfg, kafka_settings)
     lane = sched.core.lanes["rerank"]

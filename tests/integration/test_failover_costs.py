@@ -19,8 +19,9 @@ import pytest
 from plumbing.kafka import KafkaSettings
 from scheduler import Entry
 from scheduler.service import SchedulerService, SchedulerSettings
+from schemas.build import build_config
 from schemas.codec import codec_for
-from schemas.config import Config, parse_config
+from schemas.config import Config
 from schemas.messages import BatchTiming, WorkerEvent
 from schemas.topics import Topics
 from tests.integration.pipeline_setup import produce, running, until
@@ -31,34 +32,12 @@ ORGS = ("pads", "lean", "other")
 
 
 def make_config(prefix: str) -> Config:
-    return parse_config(f"""
-[service]
-topic_prefix = "{prefix}"
-heartbeat_ms = 200
-state_interval_ms = 100
-tier_partitions = 1
-
-[[tiers]]
-name = "t0"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-cost_model = "adaptive"
-quantum = 4096
-max_batch_tokens = 512
-max_request_tokens = 512
-partitions = 1
-
-[orgs.pads]
-tier = "t0"
-
-[orgs.lean]
-tier = "t0"
-
-[orgs.other]
-tier = "t0"
-""")
+    """One tier, the embed endpoint on the adaptive cost, the three orgs."""
+    return build_config(
+        prefix=prefix, heartbeat_ms=200, state_interval_ms=100, tier_partitions=1, tiers=["t0"],
+        endpoints={"embed": {"cost_model": "adaptive", "quantum": 4096, "max_batch_tokens": 512,
+                             "max_request_tokens": 512, "partitions": 1}},
+        orgs=dict.fromkeys(ORGS, "t0")).config
 
 
 def report(i: int, worker: str, pads_per_token: float) -> WorkerEvent:

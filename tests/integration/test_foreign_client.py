@@ -12,11 +12,10 @@ import json
 import time
 from pathlib import Path
 
-import msgspec
 from confluent_kafka import Consumer, Producer
 
 from app.stack import Stack
-from schemas.config import load_config
+from schemas.build import build_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,9 +47,8 @@ def _produce_and_read(bootstrap: str, ingress: str, results: str, timeout_s: flo
 
 async def test_readme_json_request_from_librdkafka_is_served(kafka_settings, topic_prefix):
     """The README's raw JSON, sent by librdkafka with no headers, comes back as one ok result."""
-    config = load_config(ROOT / "examples" / "config.toml")
-    config = msgspec.structs.replace(
-        config, service=msgspec.structs.replace(config.service, topic_prefix=topic_prefix))
+    config = build_config(base=(ROOT / "examples" / "config.toml").read_text(),
+                          prefix=topic_prefix).config
     async with Stack(config, kafka_settings, model="fake") as stack:
         results = await asyncio.to_thread(
             _produce_and_read, kafka_settings.bootstrap, stack.topics.ingress,

@@ -24,6 +24,7 @@ from aiokafka.structs import TopicPartition
 
 from app.processes import free_port
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
+from schemas.build import Built, build_config
 from schemas.codec import codec_for
 from schemas.messages import AdmittedRequest, Batch, EmbedInput
 
@@ -32,29 +33,12 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 _MSGPACK = [("content-type", b"application/msgpack")]
 
-CONFIG = """
-[service]
-topic_prefix = "{prefix}"
-heartbeat_ms = 200
-state_interval_ms = 100
-tier_partitions = 1
-ingress_partitions = 1
-results_partitions = 1
 
-[[tiers]]
-name = "gold"
-
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-partitions = 1
-
-[orgs.acme]
-tier = "gold"
-"""
+def config(prefix: str) -> Built:
+    """Two tiers, acme in gold, one partition of everything: the services run as processes."""
+    return build_config(prefix=prefix, heartbeat_ms=200, state_interval_ms=100, tier_partitions=1,
+                        ingress_partitions=1, results_partitions=1,
+                        endpoints={"embed": {"partitions": 1}}, orgs={"acme": "gold"})
 
 
 class Service:
@@ -127,7 +111,7 @@ class Service:
 @pytest.fixture
 def config_file(tmp_path: Path, topic_prefix: str) -> Path:
     path = tmp_path / "config.toml"
-    path.write_text(CONFIG.format(prefix=topic_prefix))
+    path.write_text(config(topic_prefix).text)
     return path
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 
 from app.stack import Stack
-from schemas.config import Config, parse_config
+from schemas.build import build_config
+from schemas.config import Config
 from schemas.messages import EmbedInput, Request
 from traffic.replay import ReplaySettings, replay
 from traffic.replay_sources import ReplayItem
@@ -25,36 +26,13 @@ BURST, QUIET, PER_QUIET = "bulk", ("q1", "q2", "q3"), 8
 
 
 def _config(prefix: str) -> Config:
-    return parse_config(f"""
-[service]
-topic_prefix = "{prefix}"
-worker_slots = 4
-heartbeat_ms = 200
-state_interval_ms = 100
-tier_partitions = 2
-ingress_partitions = 4
-
-[[tiers]]
-name = "standard"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-quantum = 64
-max_batch_tokens = 64
-max_batch_size = 8
-max_request_tokens = 64
-latency_target_ms = 600000
-
-[orgs.bulk]
-tier = "standard"
-[orgs.q1]
-tier = "standard"
-[orgs.q2]
-tier = "standard"
-[orgs.q3]
-tier = "standard"
-""")
+    """One tier, small batches and a latency target no burst reaches: the scheduler decides."""
+    return build_config(
+        prefix=prefix, worker_slots=4, heartbeat_ms=200, state_interval_ms=100, tier_partitions=2,
+        ingress_partitions=4, tiers=["standard"],
+        endpoints={"embed": {"quantum": 64, "max_batch_tokens": 64, "max_batch_size": 8,
+                             "max_request_tokens": 64, "latency_target_ms": 600000}},
+        orgs=dict.fromkeys([BURST, *QUIET], "standard")).config
 
 
 def _items() -> list[ReplayItem]:

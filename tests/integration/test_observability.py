@@ -29,7 +29,8 @@ from plumbing.kafka import KafkaSettings
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
 from producer.client import FairnessClient
-from schemas.config import Config, parse_config
+from schemas.build import build_config
+from schemas.config import Config
 
 pytestmark = pytest.mark.integration
 
@@ -39,40 +40,13 @@ LOAD = {"acme": 8, "bulk": 20, "zed": 4}
 
 
 def make_config(prefix: str) -> Config:
-    return parse_config(f"""
-[service]
-topic_prefix = "{prefix}"
-heartbeat_ms = 200
-state_interval_ms = 100
-tier_partitions = 1
-ingress_partitions = 1
-results_partitions = 1
-metrics_org_allowlist = ["acme", "bulk"]
-
-[[tiers]]
-name = "gold"
-
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-quantum = 64
-max_batch_tokens = 64
-max_batch_size = 4
-max_request_tokens = 64
-partitions = 1
-
-[orgs.acme]
-tier = "gold"
-
-[orgs.bulk]
-tier = "free"
-
-[orgs.zed]
-tier = "free"
-""")
+    """Two tiers, one partition of everything; zed's metrics are counted as "other"."""
+    return build_config(
+        prefix=prefix, heartbeat_ms=200, state_interval_ms=100, tier_partitions=1,
+        ingress_partitions=1, results_partitions=1, metrics_org_allowlist=["acme", "bulk"],
+        endpoints={"embed": {"quantum": 64, "max_batch_tokens": 64, "max_batch_size": 4,
+                             "max_request_tokens": 64, "partitions": 1}},
+        orgs={"acme": "gold", "bulk": "free", "zed": "free"}).config
 
 
 def _kafka(bootstrap: str) -> KafkaSettings:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tomllib
 import uuid
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings, make_producer
 from plumbing.topics import delete_topics, describe_topics
 from producer.client import FairnessClient, decode_embeddings, embed_input, rerank_input
-from schemas.config import parse_config
+from schemas.build import build_config
 from worker.calibration import CALIBRATION_TEXTS
 
 pytestmark = pytest.mark.integration
@@ -59,11 +58,9 @@ def st_model():
 async def pipeline(broker: EmbeddedBroker):
     """The whole pipeline on MiniLM, and a client of it (JSON and msgpack)."""
     prefix = f"opt{uuid.uuid4().hex[:8]}."
-    raw = tomllib.loads(EXAMPLE.read_text())
-    raw["service"]["topic_prefix"] = prefix
-    raw["endpoints"]["embed"].update(prompts=PROMPTS, max_text_chars=20_000)
-    raw["endpoints"]["rerank"].update(max_text_chars=20_000)
-    config = parse_config(raw)
+    config = build_config(base=EXAMPLE.read_text(), prefix=prefix, endpoints={
+        "embed": {"prompts": PROMPTS, "max_text_chars": 20_000},
+        "rerank": {"max_text_chars": 20_000}}).config
     kafka = KafkaSettings(bootstrap=broker.bootstrap, client_id="sf-tests",
                           session_timeout_ms=2000, heartbeat_interval_ms=500)
     try:

@@ -42,8 +42,9 @@ from app.processes import free_port
 from app.stack import Stack
 from plumbing.kafka import KafkaSettings, make_producer
 from plumbing.scrape import static_config
+from schemas.build import build_config
 from schemas.codec import codec_for, content_type
-from schemas.config import Config, parse_config
+from schemas.config import Config
 from schemas.messages import AdmittedRequest
 from schemas.topics import Topics
 from tests.integration.pipeline_setup import request
@@ -64,58 +65,20 @@ _MSGPACK = [("content-type", content_type("msgpack").encode())]
 
 
 def make_config(prefix: str) -> Config:
-    return parse_config(f"""
-[service]
-topic_prefix = "{prefix}"
-heartbeat_ms = 200
-state_interval_ms = 200
-worker_timeout_ms = 3000
-tier_partitions = 2
-ingress_partitions = 4
-results_partitions = 1
-metrics_org_allowlist = ["bulk", "quiet"]
-fairness_window_s = 120
-
-[[tiers]]
-name = "gold"
-
-[[tiers]]
-name = "free"
-min_share = 0.3
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-quantum = 256
-max_batch_tokens = 512
-max_batch_size = 64
-max_request_tokens = 32
-partitions = 2
-latency_target_ms = 600000
-
-[orgs.acme]
-tier = "gold"
-
-[orgs.limited]
-tier = "gold"
-
-[orgs.bulk]
-tier = "free"
-
-[orgs.quiet]
-tier = "free"
-
-[orgs.late]
-tier = "free"
-
-[orgs.bulk2]
-tier = "free"
-weight = 2.0
-
-[[orgs.limited.limits.embed]]
-window_s = 60
-requests = 3
-""")
+    """gold over free with a floor of 0.3; limited's 3 requests a minute; bulk2 weighs 2."""
+    return build_config(
+        prefix=prefix, heartbeat_ms=200, state_interval_ms=200, worker_timeout_ms=3000,
+        tier_partitions=2, ingress_partitions=4, results_partitions=1,
+        metrics_org_allowlist=["bulk", "quiet"], fairness_window_s=120,
+        tiers=["gold", {"name": "free", "min_share": 0.3}],
+        endpoints={"embed": {"quantum": 256, "max_batch_tokens": 512, "max_batch_size": 64,
+                             "max_request_tokens": 32, "partitions": 2,
+                             "latency_target_ms": 600000}},
+        orgs={"acme": "gold",
+              "limited": {"tier": "gold", "limits": {"embed": [{"window_s": 60, "requests": 3}]}},
+              "bulk": "free", "quiet": "free", "late": "free",
+              "bulk2": {"tier": "free", "weight": 2.0}},
+    ).config
 
 
 def _kafka(broker_bootstrap: str) -> KafkaSettings:

@@ -13,8 +13,9 @@ from aiokafka.structs import TopicPartition
 from app.replay_cli import add_arguments, replay_command
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
 from plumbing.topics import ensure_topics
+from schemas.build import build_config
 from schemas.codec import codec_for, content_type, format_from_headers
-from schemas.config import Config, parse_config
+from schemas.config import Config
 from schemas.messages import EmbedInput, Request, RerankInput
 from schemas.topics import Topics
 from traffic.replay import ReplaySettings, replay
@@ -26,11 +27,13 @@ _codec = codec_for(Request)
 
 
 def config_text(prefix: str) -> str:
-    return EXAMPLE.read_text().replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"')
+    """The shipped example under ``prefix``, as the replay command reads it."""
+    return build_config(base=EXAMPLE.read_text(), prefix=prefix).text
 
 
 def config(prefix: str) -> Config:
-    return parse_config(config_text(prefix))
+    """The shipped example under ``prefix``."""
+    return build_config(base=EXAMPLE.read_text(), prefix=prefix).config
 
 
 def window_requests(name: str, start_ms: int, prefix: str) -> list[tuple[int, Request]]:

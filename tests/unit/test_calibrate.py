@@ -8,7 +8,7 @@ import json
 import msgspec
 import pytest
 
-from schemas.config import parse_config
+from schemas.build import build_config
 from schemas.messages import Result
 from traffic import calibrate as cal
 from traffic.calibrate import CalibratedPipeline, Calibration, EndpointFit, Figure
@@ -16,26 +16,12 @@ from traffic.report import percentile
 from traffic.simulate import ServiceModel, SimSettings, add_arguments, run, simulate
 from traffic.trace import TraceRecord
 
-CONFIG = parse_config("""
-[service]
-worker_slots = 2
-
-[[tiers]]
-name = "standard"
-
-[endpoints.embed]
-kind = "embed"
-quantum = 512
-max_batch_tokens = 1024
-max_batch_size = 64
-max_request_tokens = 64
-
-[orgs.bulk]
-tier = "standard"
-
-[orgs.quiet]
-tier = "standard"
-""")
+#: One tier, two orgs; the model as the loader defaults it (the simulator loads none).
+BUILT = build_config(worker_slots=2, tiers=["standard"],
+                     orgs={"bulk": "standard", "quiet": "standard"},
+                     endpoints={"embed": {"model": None, "quantum": 512, "max_batch_tokens": 1024,
+                                          "max_batch_size": 64, "max_request_tokens": 64}})
+CONFIG = BUILT.config
 
 TRUTH = {"batch_overhead_ms": 20.0, "micro_overhead_ms": 10.0, "ms_per_padded_token": 0.3,
          "admission_ms": 100.0, "admission_rate_rps": 2000.0, "delivery_ms": 15.0,
@@ -138,21 +124,7 @@ def test_simulate_calibrate_prints_the_fit_and_runs_with_it(tmp_path, capsys):
         for o in sim.outcomes:
             f.write(json.dumps(msgspec.to_builtins(o)) + "\n")
     config = tmp_path / "config.toml"
-    config.write_text("""
-[service]
-worker_slots = 2
-[[tiers]]
-name = "standard"
-[endpoints.embed]
-kind = "embed"
-quantum = 512
-max_batch_tokens = 1024
-max_request_tokens = 64
-[orgs.bulk]
-tier = "standard"
-[orgs.quiet]
-tier = "standard"
-""")
+    config.write_text(BUILT.text)
     tr = tmp_path / "trace.jsonl"
     tr.write_text("".join(json.dumps({"ts": r.ts, "org": r.org, "endpoint": r.endpoint,
                                       "tokens": r.tokens, "id": r.id}) + "\n" for r in trace()))

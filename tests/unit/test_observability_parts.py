@@ -15,28 +15,13 @@ from plumbing.brokerwatch import BrokerWatch
 from plumbing.logs import LogSampler, configure_logging, get_logger
 from scheduler.entry import Entry
 from scheduler.metrics import SchedulerMetrics
-from schemas.config import parse_config
+from schemas.build import build_config
 
-_CONFIG = """
-[service]
-metrics_org_allowlist = ["acme"]
 
-[[tiers]]
-name = "gold"
-
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-
-[orgs.acme]
-tier = "gold"
-
-[orgs.bulk]
-tier = "free"
-"""
+def _config(allowlist: list[str]):
+    """gold: acme, free: bulk, and the orgs named by their own metric label."""
+    return build_config(metrics_org_allowlist=allowlist,
+                        orgs={"acme": "gold", "bulk": "free"}).config
 
 
 class _Gauge:
@@ -139,18 +124,18 @@ def test_log_sampler_demotes_lines_past_the_allowance_to_debug_and_counts_them()
 
 def test_org_label_is_the_org_only_when_allowlisted_and_follows_reloads():
     """Orgs outside service.metrics_org_allowlist count as 'other', so labels stay bounded by the config."""
-    config = parse_config(_CONFIG)
+    config = _config(["acme"])
     m = SchedulerMetrics(CollectorRegistry(), config)
     assert m.org_label("acme") == "acme"
     assert m.org_label("bulk") == m.org_label("anyone-at-all") == "other"
-    m.configure(parse_config(_CONFIG.replace('["acme"]', '["bulk"]')))
+    m.configure(_config(["bulk"]))
     assert m.org_label("acme") == "other" and m.org_label("bulk") == "bulk"
 
 
 def test_dispatched_counts_requests_and_cost_per_tier_and_org_label():
     """An acknowledged batch adds its requests and their cost under (endpoint, tier, org label)."""
     registry = CollectorRegistry()
-    m = SchedulerMetrics(registry, parse_config(_CONFIG))
+    m = SchedulerMetrics(registry, _config(["acme"]))
     entries = [Entry("a", "acme", "gold", 10), Entry("b", "acme", "gold", 5),
                Entry("c", "bulk", "free", 7), Entry("d", "zed", "free", 1)]
     m.dispatched("embed", entries, lambda e: float(e.tokens))

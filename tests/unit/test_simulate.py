@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.config import load_config, parse_config
+from schemas.build import build_config
+from schemas.config import load_config
 from traffic.report import percentile
 from traffic.simulate import (
     PipelineAdmission,
@@ -225,8 +226,7 @@ def test_rate_limits_reject_the_burst_not_the_victim():
 
 def test_overload_rejects_beyond_max_held():
     """``max_held_requests`` caps what the scheduler holds: the rest is ``overloaded``."""
-    cfg = parse_config((EXAMPLES / "config.toml").read_text().replace(
-        "max_held_requests = 100000", "max_held_requests = 500"))
+    cfg = build_config(base=(EXAMPLES / "config.toml").read_text(), max_held_requests=500).config
     res = simulate(cfg, noisy_neighbour(2_000), SimSettings(admission=PipelineAdmission(
         cfg, rate_limits=False, throttle=False)))
     reasons = {o.reason for o in res.outcomes if o.status == "rejected"}
