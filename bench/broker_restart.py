@@ -45,12 +45,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.processes import ProcessStack
-from bench.crash import CONFIG
+from bench.crash import config as crash_config
 from bench.loadgen import Load
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
 from producer.client import FairnessClient
-from schemas.config import parse_config
 
 __all__ = ["main", "passed", "report", "run"]
 
@@ -94,10 +93,9 @@ async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.
     figures: dict = {"rate": rate, "before_s": before_s, "after_s": after_s}
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "restart.toml"
-        text = CONFIG.format(model="fake:ms_per_token=0.3,ms_per_batch=5",
-                             worker_timeout_ms=session_ms + 500).replace("crash.", "restart.")
-        cfg_path.write_text(text)
-        config = parse_config(text)
+        built = crash_config(model="fake:ms_per_token=0.3,ms_per_batch=5",
+                             worker_timeout_ms=session_ms + 500, prefix="restart.")
+        cfg_path.write_text(built.text)
         log_path = Path(log_path) if log_path else Path(tmp) / "services.log"
         env = {"SF_KAFKA_SESSION_TIMEOUT_MS": str(session_ms),
                "SF_KAFKA_HEARTBEAT_INTERVAL_MS": str(max(100, session_ms // 4))}
@@ -109,7 +107,7 @@ async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.
                 await stack.start(timeout_s=180)
                 say(f"pipeline up: {sorted(stack.procs)}")
                 declared: dict[str, float] = {}
-                async with FairnessClient(kafka, config, lost_grace_s=lost_grace_s) as client:
+                async with FairnessClient(kafka, built.config, lost_grace_s=lost_grace_s) as client:
                     load = Load(client, ["acme", "bulk", "quiet"], rate).start()
                     resubmit = asyncio.create_task(_resubmit_lost(client, load, declared))
                     try:

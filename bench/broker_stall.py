@@ -38,12 +38,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.processes import ProcessStack
-from bench.crash import CONFIG
+from bench.crash import config as crash_config
 from bench.loadgen import Load, percentile
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
 from producer.client import FairnessClient
-from schemas.config import parse_config
 
 __all__ = ["main", "run"]
 
@@ -64,11 +63,9 @@ async def run(*, produce_timeout_ms: int, rate: float = 50.0, before_s: float = 
         cfg_path = Path(tmp) / "stall.toml"
         # A worker is lost only after its timeout: longer than the stall, so the
         # stall alone is measured (the worker-timeout path has its own tests).
-        text = CONFIG.format(model="fake:ms_per_token=0.3,ms_per_batch=5",
-                             worker_timeout_ms=int((stall_s + 10) * 1000)
-                             ).replace("crash.", "stall.")
-        cfg_path.write_text(text)
-        config = parse_config(text)
+        built = crash_config(model="fake:ms_per_token=0.3,ms_per_batch=5",
+                             worker_timeout_ms=int((stall_s + 10) * 1000), prefix="stall.")
+        cfg_path.write_text(built.text)
         env = {"SF_KAFKA_SESSION_TIMEOUT_MS": str(int((stall_s + 10) * 1000)),
                "SF_KAFKA_HEARTBEAT_INTERVAL_MS": str(max(100, session_ms // 4)),
                "SF_KAFKA_PRODUCE_TIMEOUT_MS": str(produce_timeout_ms), "SF_LOG_LEVEL": "WARNING"}
@@ -77,7 +74,7 @@ async def run(*, produce_timeout_ms: int, rate: float = 50.0, before_s: float = 
                                   produce_timeout_ms=produce_timeout_ms)
             stack = ProcessStack(cfg_path, broker.bootstrap, endpoints=["embed"], env=env)
             await stack.start(timeout_s=180)
-            async with FairnessClient(kafka, config) as client:
+            async with FairnessClient(kafka, built.config) as client:
                 load = Load(client, ["acme", "bulk", "quiet"], rate).start()
                 try:
                     await asyncio.sleep(before_s)

@@ -80,7 +80,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scheduler import Entry, Scheduler
 from scheduler.entry import DISPATCHED, NO_DEADLINE
-from schemas.config import Config, parse_config
+from schemas.build import build_config
+from schemas.config import Config
 
 ENDPOINT = "embed"
 TIER = "standard"
@@ -98,15 +99,15 @@ SIZES = (256, 512)  # a turn (< 1,536 with weight 2) then takes at most 5 reques
 
 def bench_config(n_orgs: int) -> Config:
     """One tier, token cost, quantum = largest request; one org in ten has weight 2."""
-    return parse_config({
-        "tiers": [{"name": TIER}],
-        "endpoints": {ENDPOINT: {
-            "kind": "embed", "cost_model": "tokens", "quantum": SIZES[1],
+    return build_config(
+        tiers=[TIER],
+        endpoints={ENDPOINT: {
+            "model": None, "cost_model": "tokens", "quantum": SIZES[1],
             "max_request_tokens": SIZES[1], "max_batch_tokens": 8192, "max_batch_size": 64,
         }},
-        "orgs": {f"org{i}": {"tier": TIER, "weight": 2.0 if i % 10 == 0 else 1.0}
-                 for i in range(n_orgs)},
-    })
+        orgs={f"org{i}": {"tier": TIER, "weight": 2.0 if i % 10 == 0 else 1.0}
+              for i in range(n_orgs)},
+    ).config
 
 
 class NaiveScan:

@@ -44,46 +44,20 @@ from bench.loadgen import Load, reply_copies
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
 from producer.client import FairnessClient
-from schemas.config import parse_config
+from schemas.build import Built, build_config
 
-__all__ = ["CONFIG", "main", "run"]
+__all__ = ["config", "main", "run"]
 
-CONFIG = """
-[service]
-topic_prefix = "crash."
-worker_slots = 2
-worker_timeout_ms = {worker_timeout_ms}
-heartbeat_ms = 250
-state_interval_ms = 200
-tier_partitions = 4
-ingress_partitions = 4
-results_partitions = 1
 
-[[tiers]]
-name = "gold"
-
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "{model}"
-quantum = 256
-max_batch_tokens = 256
-max_batch_size = 16
-max_request_tokens = 256
-latency_target_ms = 30000
-partitions = 4
-
-[orgs.acme]
-tier = "gold"
-
-[orgs.bulk]
-tier = "free"
-
-[orgs.quiet]
-tier = "free"
-"""
+def config(*, model: str, worker_timeout_ms: int, prefix: str = "crash.") -> Built:
+    """Two tiers, three orgs, one embed endpoint that two workers share; few partitions."""
+    return build_config(
+        prefix=prefix, worker_slots=2, worker_timeout_ms=worker_timeout_ms, heartbeat_ms=250,
+        state_interval_ms=200, tier_partitions=4, ingress_partitions=4, results_partitions=1,
+        endpoints={"embed": {"model": model, "quantum": 256, "max_batch_tokens": 256,
+                             "max_batch_size": 16, "max_request_tokens": 256,
+                             "latency_target_ms": 30000, "partitions": 4}},
+        orgs={"acme": "gold", "bulk": "free", "quiet": "free"})
 
 
 async def _until(cond, timeout_s: float, step_s: float = 0.05) -> float | None:
@@ -114,9 +88,8 @@ async def run(*, rate: float = 40.0, phase_s: float = 6.0, session_ms: int = 200
     figures: dict = {"rate": rate, "phase_s": phase_s, "session_ms": session_ms}
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "crash.toml"
-        text = CONFIG.format(model=model, worker_timeout_ms=max(1500, session_ms + 500))
-        cfg_path.write_text(text)
-        config = parse_config(text)
+        built = config(model=model, worker_timeout_ms=max(1500, session_ms + 500))
+        cfg_path.write_text(built.text)
         env = {"SF_KAFKA_SESSION_TIMEOUT_MS": str(session_ms),
                "SF_KAFKA_HEARTBEAT_INTERVAL_MS": str(max(100, session_ms // 4))}
         async with EmbeddedBroker() as broker:
@@ -127,7 +100,7 @@ async def run(*, rate: float = 40.0, phase_s: float = 6.0, session_ms: int = 200
             await stack.start(timeout_s=180)
             figures["startup_s"] = round(time.monotonic() - t0, 1)
             say(f"pipeline up in {figures['startup_s']} s: {sorted(stack.procs)}")
-            async with FairnessClient(kafka, config) as client:
+            async with FairnessClient(kafka, built.config) as client:
                 load = Load(client, ["acme", "bulk", "quiet"], rate).start()
                 try:
                     await _scenario(stack, load, phase_s, figures, say)

@@ -53,7 +53,7 @@ from app.processes import ProcessStack
 from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
-from schemas.config import parse_config
+from schemas.build import Built, build_config
 from schemas.messages import Request
 from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
@@ -68,16 +68,16 @@ ROOT = Path(__file__).resolve().parent.parent
 BURST_ORG, QUIET_ORG = "bulkcorp", "quiet-1"
 
 
-def config_text(prefix: str, latency_target_ms: int) -> str:
+def bench_config(prefix: str, latency_target_ms: int) -> Built:
     """The example configuration under ``prefix``, with a bulk job's latency target.
 
     A burst far above capacity would otherwise be throttled at admission
     (the example's 5 s target): the point here is the scheduler keeping the
     workers busy with a long queue, so the bulk endpoint accepts minutes.
     """
-    text = (ROOT / "examples" / "config.toml").read_text()
-    text = text.replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"')
-    return text.replace("latency_target_ms = 5000", f"latency_target_ms = {latency_target_ms}")
+    target = {"latency_target_ms": latency_target_ms}
+    return build_config(base=(ROOT / "examples" / "config.toml").read_text(), prefix=prefix,
+                        endpoints={"embed": target, "rerank": target})
 
 
 def items(burst: int, quiet_rps: float, quiet_s: float, tokens: int) -> list[ReplayItem]:
@@ -122,15 +122,15 @@ def p99_ms(run, org: str) -> float:
 
 async def one(kafka: KafkaSettings, args, workers: int) -> dict:
     prefix = f"gpu{uuid.uuid4().hex[:6]}."
-    text = config_text(prefix, 600_000)
-    config = parse_config(text)
+    built = bench_config(prefix, 600_000)
+    config = built.config
     model = f"fake:ms_per_token={args.ms_per_token},dim=32"
     env = {"SF_LOG_LEVEL": "WARNING"}
     if args.embedded:
         env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.toml"
-        path.write_text(text)
+        path.write_text(built.text)
         try:
             async with ProcessStack(path, kafka.require_bootstrap(), endpoints=["embed"],
                                     model=model, workers=workers, env=env,

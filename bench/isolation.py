@@ -53,6 +53,7 @@ from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, s
 from plumbing.logs import configure_logging
 from plumbing.outbox import partition_for_key
 from plumbing.topics import delete_topics, describe_topics
+from schemas.build import Built, build_config
 from schemas.config import parse_config
 from schemas.messages import Request
 from tokens.counting import WhitespaceTokenCounter
@@ -69,30 +70,15 @@ MODEL = "fake:ms_per_batch=2,ms_per_token=0.01"
 INGRESS_PARTITIONS = 16
 
 
-def config_text(prefix: str, quiet: list[str]) -> str:
+def bench_config(prefix: str, quiet: list[str]) -> Built:
     """One embed endpoint, the quiet orgs and the bursting org in one tier."""
-    orgs = "".join(f'[orgs."{o}"]\ntier = "standard"\n' for o in [*quiet, BURST_ORG])
-    return f"""
-[service]
-topic_prefix = "{prefix}"
-ingress_partitions = {INGRESS_PARTITIONS}
-heartbeat_ms = 250
-state_interval_ms = 100
-
-[[tiers]]
-name = "standard"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-quantum = 2048
-max_batch_tokens = 4096
-max_batch_size = 64
-max_request_tokens = 2048
-# A bulk job accepts minutes of queueing: the scheduler, not the throttle, is measured.
-latency_target_ms = 600000
-
-{orgs}"""
+    return build_config(
+        prefix=prefix, ingress_partitions=INGRESS_PARTITIONS, heartbeat_ms=250,
+        state_interval_ms=100, tiers=["standard"],
+        # A bulk job accepts minutes of queueing: the scheduler, not the throttle, is measured.
+        endpoints={"embed": {"quantum": 2048, "max_batch_tokens": 4096, "max_batch_size": 64,
+                             "max_request_tokens": 2048, "latency_target_ms": 600000}},
+        orgs=dict.fromkeys([*quiet, BURST_ORG], "standard"))
 
 
 def layout(seed: int, n: int = 12, sharing: int = 4) -> list[str]:
@@ -164,8 +150,8 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     quiet = layout(seed)
     home = partition_for_key(BURST_ORG.encode(), INGRESS_PARTITIONS)
     prefix = f"iso{uuid.uuid4().hex[:6]}."
-    text = config_text(prefix, quiet)
-    config = parse_config(text)
+    built = bench_config(prefix, quiet)
+    text, config = built.text, built.config
     env = {"SF_LOG_LEVEL": "WARNING"}
     if args.embedded:
         env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}

@@ -55,7 +55,8 @@ from app.stack import Stack
 from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
-from schemas.config import parse_config
+from schemas.build import build_config
+from schemas.config import Config
 from schemas.messages import EmbedInput, Request
 from traffic.replay import ReplaySettings, replay
 from traffic.replay_sources import ReplayItem
@@ -64,20 +65,13 @@ from traffic.report import percentile
 __all__ = ["main"]
 
 ORGS = ("org-a", "org-b", "org-c", "org-d", "org-e")
-_CONFIG = """
-[service]
-topic_prefix = "{prefix}"
-worker_slots = 2
 
-[[tiers]]
-name = "standard"
 
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-max_batch_size = 1
-latency_target_ms = 3600000
-""" + "".join(f'\n[orgs.{o}]\ntier = "standard"\n' for o in ORGS)
+def bench_config(prefix: str) -> Config:
+    """One tier, the five orgs, one request a batch, a latency target no load here reaches."""
+    return build_config(prefix=prefix, worker_slots=2, tiers=["standard"],
+                        endpoints={"embed": {"max_batch_size": 1, "latency_target_ms": 3600000}},
+                        orgs=dict.fromkeys(ORGS, "standard")).config
 
 
 class Probe:
@@ -152,7 +146,7 @@ async def amain(args: argparse.Namespace) -> dict:
             kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
                                             heartbeat_interval_ms=500)
         prefix = f"benchl{uuid.uuid4().hex[:6]}."
-        config = parse_config(_CONFIG.format(prefix=prefix))
+        config = bench_config(prefix)
         try:
             async with Stack(config, kafka, model=f"fake:ms_per_batch={args.service_ms}",
                              endpoints=["embed"]) as stack:

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from plumbing.kafka import KafkaSettings
 from scheduler.service import SchedulerService
+from schemas.build import build_config
 from schemas.codec import codec_for
-from schemas.config import parse_config
 from schemas.messages import AdmittedRequest, EmbedInput
 
 __all__ = ["main"]
@@ -51,22 +51,9 @@ __all__ = ["main"]
 _codec = codec_for(AdmittedRequest)
 _MSGPACK = [("content-type", b"application/msgpack")]
 
-CONFIG = """
-[service]
-max_held_requests = 2000000
-tier_partitions = 8
-
-[[tiers]]
-name = "enterprise"
-[[tiers]]
-name = "standard"
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-"""
+#: Three tiers and one endpoint; no orgs (none is needed to hold requests).
+CONFIG = build_config(max_held_requests=2000000, tier_partitions=8,
+                      tiers=["enterprise", "standard", "free"]).config
 
 
 class _Record(NamedTuple):
@@ -106,7 +93,7 @@ def records(n: int, *, orgs: int, text_chars: int, seed: int = 0) -> list[_Recor
 
 def service() -> SchedulerService:
     """A scheduler service, constructed but never started: its intake works without Kafka."""
-    return SchedulerService(parse_config(CONFIG), KafkaSettings(bootstrap="unused:9092"))
+    return SchedulerService(CONFIG, KafkaSettings(bootstrap="unused:9092"))
 
 
 async def hold_all(svc: SchedulerService, recs: list[_Record]) -> None:
@@ -148,7 +135,7 @@ def breakdown(recs: list[_Record]) -> dict[str, float]:
     from scheduler.entry import Entry
     from scheduler.snapshot import Backlog
 
-    config = parse_config(CONFIG)
+    config = CONFIG
     core, offsets, backlog = Scheduler(config), OffsetTracker(), Backlog()
     origin: dict[str, tuple[_TP, int]] = {}
     tps = {(r.topic, r.partition): _TP(r.topic, r.partition) for r in recs}

@@ -50,50 +50,26 @@ from bench.loadgen import Load, percentile, rss_mib
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings, make_consumer
 from producer.client import FairnessClient
+from schemas.build import Built, build_config
 from schemas.codec import codec_for
-from schemas.config import parse_config
 from schemas.messages import SchedulerState
 from traffic.stages import stage_line, stage_times
 
-__all__ = ["CONFIG", "main", "run"]
+__all__ = ["config", "main", "run"]
 
-CONFIG = """
-[service]
-topic_prefix = "overload."
-max_held_requests = {max_held}
-worker_slots = 2
-worker_timeout_ms = 3000
-heartbeat_ms = 250
-state_interval_ms = 100
-tier_partitions = 4
-ingress_partitions = 4
-results_partitions = 1
 
-[[tiers]]
-name = "gold"
+def config(*, max_held: int, ms_per_token: float, target_ms: int) -> Built:
+    """One tier, three orgs, one worker of the fake model at ``ms_per_token``."""
+    return build_config(
+        prefix="overload.", max_held_requests=max_held, worker_slots=2, worker_timeout_ms=3000,
+        heartbeat_ms=250, state_interval_ms=100, tier_partitions=4, ingress_partitions=4,
+        results_partitions=1,
+        endpoints={"embed": {"model": f"fake:ms_per_token={ms_per_token},ms_per_batch=2",
+                             "quantum": 256, "max_batch_tokens": 256, "max_batch_size": 32,
+                             "max_request_tokens": 256, "latency_target_ms": target_ms,
+                             "partitions": 2}},
+        orgs=dict.fromkeys(["acme", "initech", "quiet"], "free"))
 
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake:ms_per_token={ms_per_token},ms_per_batch=2"
-quantum = 256
-max_batch_tokens = 256
-max_batch_size = 32
-max_request_tokens = 256
-latency_target_ms = {target_ms}
-partitions = 2
-
-[orgs.acme]
-tier = "free"
-
-[orgs.initech]
-tier = "free"
-
-[orgs.quiet]
-tier = "free"
-"""
 
 _state_codec = codec_for(SchedulerState)
 
@@ -136,14 +112,13 @@ async def run(*, seconds: float = 60.0, factor: float = 10.0, ms_per_token: floa
     figures: dict = {"tokens": tokens, "seconds": seconds, "factor": factor, "capacity_rps": round(capacity_rps, 1),
                      "offered_rps": round(rate, 1), "max_held_requests": max_held,
                      "latency_target_ms": target_ms}
-    text = CONFIG.format(max_held=max_held, ms_per_token=ms_per_token, target_ms=target_ms)
-    config = parse_config(text)
+    built = config(max_held=max_held, ms_per_token=ms_per_token, target_ms=target_ms)
     held: list[tuple[float, int]] = []
     rates: list[tuple[float, float]] = []
     rss: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "overload.toml"
-        cfg_path.write_text(text)
+        cfg_path.write_text(built.text)
         env = {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
         async with EmbeddedBroker() as broker:
             kafka = KafkaSettings(bootstrap=broker.bootstrap, client_id="overload-bench")
@@ -152,11 +127,11 @@ async def run(*, seconds: float = 60.0, factor: float = 10.0, ms_per_token: floa
             say(f"pipeline up; offering {rate:.0f} requests/s for {seconds:g} s "
                 f"({factor:g}x the nominal {capacity_rps:.1f}/s)")
             stop = asyncio.Event()
-            side = [asyncio.create_task(_follow_state(kafka, config.service.topic_prefix
+            side = [asyncio.create_task(_follow_state(kafka, built.config.service.topic_prefix
                                                       + "scheduler-state", held, rates,
                                                       stop)),
                     asyncio.create_task(_sample_rss(stack.pid("scheduler"), rss, stop))]
-            async with FairnessClient(kafka, config) as client:
+            async with FairnessClient(kafka, built.config) as client:
                 load = Load(client, ["acme", "initech", "quiet"], capacity_rps, words=words,
                             phase="warmup").start()
                 t_up = time.monotonic()

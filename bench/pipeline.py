@@ -59,8 +59,9 @@ from plumbing.kafka import (
 )
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics, ensure_topics
+from schemas.build import Built, build_config
 from schemas.codec import codec_for
-from schemas.config import Config, parse_config
+from schemas.config import Config
 from schemas.messages import Request
 from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
@@ -74,9 +75,9 @@ ORGS = ("acme", "bulkcorp", "quiet-1", "quiet-2", "searchco")
 _codec = codec_for(Request)
 
 
-def bench_config(prefix: str) -> Config:
-    text = (ROOT / "examples" / "config.toml").read_text()
-    return parse_config(text.replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"'))
+def bench_config(prefix: str) -> Built:
+    """The shipped example configuration under ``prefix``."""
+    return build_config(base=(ROOT / "examples" / "config.toml").read_text(), prefix=prefix)
 
 
 def make_items(n: int, tokens: int) -> list[ReplayItem]:
@@ -140,15 +141,10 @@ def profile_summary(profiler: cProfile.Profile, top: int) -> str:
     return "\n".join(lines[start:start + top + 1])
 
 
-def bench_config_text(prefix: str) -> str:
-    text = (ROOT / "examples" / "config.toml").read_text()
-    return text.replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"')
-
-
 async def stack_rounds(kafka: KafkaSettings, items: list[ReplayItem], raw_args, repeat: int):
     """(raw, pipeline) seconds per round, the pipeline in this process."""
     prefix = f"bench{uuid.uuid4().hex[:6]}."
-    config = bench_config(prefix)
+    config = bench_config(prefix).config
     raw: list[float] = []
     pipe: list[float] = []
     try:
@@ -166,7 +162,8 @@ async def process_rounds(kafka: KafkaSettings, items: list[ReplayItem], raw_args
                          embedded: bool):
     """(raw, pipeline) seconds per round, each service in a process of its own."""
     prefix = f"benchp{uuid.uuid4().hex[:6]}."
-    config = bench_config(prefix)
+    built = bench_config(prefix)
+    config = built.config
     env = {"SF_LOG_LEVEL": "WARNING"}
     if embedded:
         env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
@@ -174,7 +171,7 @@ async def process_rounds(kafka: KafkaSettings, items: list[ReplayItem], raw_args
     pipe: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.toml"
-        path.write_text(bench_config_text(prefix))
+        path.write_text(built.text)
         try:
             async with ProcessStack(path, kafka.require_bootstrap(), endpoints=["embed"],
                                     model="fake", env=env, extra_args={
@@ -225,7 +222,7 @@ async def amain(args: argparse.Namespace) -> dict:
                       f"  ratio: {figures['ratio']:.3f}"]
             if args.profile:
                 prefix = f"benchq{uuid.uuid4().hex[:6]}."
-                config = bench_config(prefix)
+                config = bench_config(prefix).config
                 async with Stack(config, kafka, model="fake", endpoints=["embed"]):
                     await pipeline_round(kafka, config, items[:200])
                     profiler = cProfile.Profile()
@@ -246,7 +243,7 @@ async def amain(args: argparse.Namespace) -> dict:
                       f"  ratio_processes: {figures['ratio_processes']:.3f}"]
         if "services" in parts:
             def fresh() -> Config:
-                return bench_config(f"benchs{uuid.uuid4().hex[:6]}.")
+                return bench_config(f"benchs{uuid.uuid4().hex[:6]}.").config
             for name, rounds in (
                     ("admission", lambda: service_rounds.admission_rounds(
                         kafka, fresh, n, args.tokens, repeat)),

@@ -52,8 +52,9 @@ from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_ar
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
 from producer.client import FairnessClient
+from schemas.build import build_config
 from schemas.codec import codec_for
-from schemas.config import Config, parse_config
+from schemas.config import Config
 from schemas.messages import Result
 from schemas.vectors import decode_embeddings, result_fields
 
@@ -74,8 +75,8 @@ _WORDS = ["fair", "scheduling", "keeps", "every", "tenant's", "requests", "movin
 
 
 def bench_config(prefix: str) -> Config:
-    text = (ROOT / "examples" / "config.toml").read_text()
-    return parse_config(text.replace('topic_prefix = "sf."', f'topic_prefix = "{prefix}"'))
+    """The shipped example configuration under ``prefix``."""
+    return build_config(base=(ROOT / "examples" / "config.toml").read_text(), prefix=prefix).config
 
 
 def one_result(vectors: np.ndarray, encoding: str) -> Result:

@@ -48,7 +48,8 @@ from app.stack import Stack
 from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
-from schemas.config import Config, parse_config
+from schemas.build import build_config
+from schemas.config import Config
 from schemas.messages import EmbedInput, Request
 from traffic.replay import ReplaySettings, replay
 from traffic.replay_sources import ReplayItem
@@ -57,25 +58,19 @@ __all__ = ["main"]
 
 ORGS = ("org-a", "org-b", "org-c", "org-d", "org-e")
 
-# No rate limits and a latency target no burst here reaches: admission must
-# let every request through, so the worker sees the whole load.
-_CONFIG = """
-[service]
-topic_prefix = "{prefix}"
-worker_slots = 2
 
-[[tiers]]
-name = "standard"
+def bench_config(prefix: str, model: str) -> Config:
+    """One tier, the five orgs, and ``model`` on the embed endpoint.
 
-[endpoints.embed]
-kind = "embed"
-model = "{model}"
-quantum = 2048
-max_batch_tokens = 4096
-max_batch_size = 64
-max_request_tokens = 2048
-latency_target_ms = 3600000
-""" + "".join(f'\n[orgs.{o}]\ntier = "standard"\n' for o in ORGS)
+    No rate limits and a latency target no burst here reaches: admission must
+    let every request through, so the worker sees the whole load.
+    """
+    return build_config(prefix=prefix, worker_slots=2, tiers=["standard"],
+                        endpoints={"embed": {"model": model, "quantum": 2048,
+                                             "max_batch_tokens": 4096, "max_batch_size": 64,
+                                             "max_request_tokens": 2048,
+                                             "latency_target_ms": 3600000}},
+                        orgs=dict.fromkeys(ORGS, "standard")).config
 
 
 class _SharedModelStack(Stack):
@@ -160,7 +155,7 @@ async def amain(args: argparse.Namespace) -> dict:
             kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
                                             heartbeat_interval_ms=500)
         prefix = f"benchw{uuid.uuid4().hex[:6]}."
-        config = parse_config(_CONFIG.format(prefix=prefix, model=batching.MODEL))
+        config = bench_config(prefix, batching.MODEL)
         try:
             async with _SharedModelStack(config, kafka, endpoints=["embed"],
                                          model_object=embedder):
