@@ -7,33 +7,12 @@ from scheduler.expiry import expire
 from scheduler.flow import FlowControl
 from scheduler.publish import snapshot
 from scheduler.snapshot import Backlog, ServiceRate
-from schemas.config import parse_config
+from schemas.build import build_config
 from schemas.messages import AdmittedRequest, EmbedInput, WorkerEvent
 
-CONFIG = parse_config("""
-[service]
-worker_slots = 2
-
-[[tiers]]
-name = "gold"
-
-[[tiers]]
-name = "free"
-
-[endpoints.embed]
-kind = "embed"
-model = "fake"
-quantum = 4
-max_batch_tokens = 8
-max_batch_size = 4
-max_request_tokens = 4
-
-[orgs.bulk]
-tier = "free"
-
-[orgs.quiet]
-tier = "free"
-""")
+CONFIG = build_config(worker_slots=2, orgs={"bulk": "free", "quiet": "free"},
+                      endpoints={"embed": {"quantum": 4, "max_batch_tokens": 8,
+                                           "max_batch_size": 4, "max_request_tokens": 4}}).config
 
 
 def _entry(i: int, org: str, tokens: int = 2, deadline_s: float | None = None) -> Entry:
