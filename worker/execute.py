@@ -99,6 +99,22 @@ class _Pending:
     started_ms: int | None = None
 
 
+class _Once:
+    """``fn(arg)`` the first time it is called, nothing after (a batch's credit
+    returns once, however many calls its last micro-batch makes)."""
+
+    __slots__ = ("_arg", "_fn")
+
+    def __init__(self, fn: Callable[[Any], None], arg: Any) -> None:
+        self._fn: Callable[[Any], None] | None = fn
+        self._arg = arg
+
+    def __call__(self) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn(self._arg)
+
+
 async def _inline(fn, /, *args, **kwargs):
     return fn(*args, **kwargs)
 
@@ -138,6 +154,12 @@ class BatchExecutor:
         # A model that declares itself instant (a fake at zero time) is called
         # on the event loop: a thread hop would cost more than the call.
         self._thread = _inline if getattr(model, "instant", False) else run_in_thread
+        #: Held for each model call, not for a whole batch: while one batch's
+        #: call runs (in a thread, where a GPU or torch releases the GIL), the
+        #: event loop prepares the next batch and writes the last one's
+        #: results, so the model never waits for either. Calls are served in
+        #: the order they ask (asyncio.Lock is FIFO).
+        self._model_lock = asyncio.Lock()
         self._on_microbatch = on_microbatch or (lambda s: None)
         #: Called as a batch's last model call starts (the worker returns its credit then).
         self._on_last_step = on_last_step or (lambda b: None)
@@ -167,9 +189,33 @@ class BatchExecutor:
                 yield done
         else:
             for i, req in enumerate(work):
-                if i == len(work) - 1:
-                    self._on_last_step(batch)
-                yield [await self._rerank(batch, req)]
+                last = _Once(self._on_last_step, batch) if i == len(work) - 1 else None
+                yield [await self._rerank(batch, req, on_start=last)]
+
+    async def _model_call(self, fn, /, *args, **kwargs):
+        """``fn`` run as a model call: one at a time, in the order asked."""
+        async with self._model_lock:
+            return await self._thread(fn, *args, **kwargs)
+
+    async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
+                          on_start: _Once | None = None, **kwargs) -> tuple[Any, float]:
+        """A model call and the seconds it had the model (its wait for the lock excluded).
+
+        ``started``: the requests this call computes; the first call that
+        gets the model for one stamps its ``started_ms``. ``on_start``: run
+        once the call has the model (a batch's credit returns then, not while
+        its last call still waits behind another batch's).
+        """
+        async with self._model_lock:
+            if on_start is not None:
+                on_start()
+            now = _now_ms()
+            for p in started:
+                if p.started_ms is None:
+                    p.started_ms = now
+            t0 = time.perf_counter()
+            out = await self._thread(fn, *args, **kwargs)
+            return out, time.perf_counter() - t0
 
     # -- embeddings ------------------------------------------------------------
 
@@ -207,9 +253,9 @@ class BatchExecutor:
             idx = [live[g] for g in group if not self._stopped(pending[owner[live[g]][0]])]
             if not idx:
                 continue
-            if n == len(plan) - 1:
-                self._on_last_step(batch)
-            touched = await self._encode_group(model, texts, lengths, idx, owner, pending)
+            last = _Once(self._on_last_step, batch) if n == len(plan) - 1 else None
+            touched = await self._encode_group(model, texts, lengths, idx, owner, pending,
+                                               on_start=last)
             if done := self._take_done(pending, touched):
                 yield [self._from_pending(batch, p) for p in done]
 
@@ -241,7 +287,7 @@ class BatchExecutor:
             ranges = self.calibration.cached(key)
             if ranges is None:
                 try:
-                    ranges = await self._thread(self.calibration.get, key, embed)
+                    ranges = await self._model_call(self.calibration.get, key, embed)
                 except Exception as e:  # noqa: BLE001 - contained: this request fails alone
                     p.error = f"calibration failed: {type(e).__name__}: {e}"
                     continue
@@ -293,48 +339,47 @@ class BatchExecutor:
         return list(model.token_lengths(texts, prompt=prompt))
 
     async def _encode_group(self, model: Embedder, texts, lengths, idx: list[int], owner,
-                            pending: list[_Pending]) -> list[int]:
+                            pending: list[_Pending], on_start: _Once | None = None
+                            ) -> list[int]:
         """Encode one micro-batch, a model call per option set; on a model error,
-        each request's texts alone."""
+        each request's texts alone. ``on_start`` runs as its first call gets the model."""
         touched = sorted({owner[k][0] for k in idx})
-        started = _now_ms()
-        for i in touched:
-            if pending[i].started_ms is None:
-                pending[i].started_ms = started
         calls: dict[EncodeOptions, list[int]] = {}
         for k in idx:
             calls.setdefault(pending[owner[k][0]].options, []).append(k)
         for options, ks in calls.items():
-            await self._encode_call(model, texts, lengths, ks, options, owner, pending)
+            await self._encode_call(model, texts, lengths, ks, options, owner, pending,
+                                    on_start)
         return touched
 
     async def _encode_call(self, model: Embedder, texts, lengths, idx: list[int],
-                           options: EncodeOptions, owner, pending: list[_Pending]) -> None:
+                           options: EncodeOptions, owner, pending: list[_Pending],
+                           on_start: _Once | None = None) -> None:
         extra = _encode_kwargs(options)
-        t0 = time.perf_counter()
         try:
-            out = await self._thread(model.encode, [texts[k] for k in idx],
-                                     lengths=[lengths[k] for k in idx], **extra)
+            out, seconds = await self._timed_call(
+                model.encode, [texts[k] for k in idx], lengths=[lengths[k] for k in idx],
+                started=[pending[i] for i in sorted({owner[k][0] for k in idx})],
+                on_start=on_start, **extra)
         except Exception:  # noqa: BLE001 - retried request by request below
             out = None
         if out is not None:
-            seconds = time.perf_counter() - t0
             self._account(seconds, idx, lengths, owner, pending, model.max_seq_length)
             for row, k in enumerate(idx):
                 self._place(pending, owner[k], out.vectors[row], out.truncated[row])
             return
         for i in sorted({owner[k][0] for k in idx}):
             ks = [k for k in idx if owner[k][0] == i]
-            t0 = time.perf_counter()
             try:
-                one = await self._thread(model.encode, [texts[k] for k in ks],
-                                         lengths=[lengths[k] for k in ks], **extra)
+                one, seconds = await self._timed_call(model.encode, [texts[k] for k in ks],
+                                                      lengths=[lengths[k] for k in ks],
+                                                      started=[pending[i]],
+                                                      on_start=on_start, **extra)
             except Exception as e:  # noqa: BLE001 - contained: this request fails alone
                 pending[i].error = f"model failed: {type(e).__name__}: {e}"
                 pending[i].left = 0
                 continue
-            self._account(time.perf_counter() - t0, ks, lengths, owner, pending,
-                          model.max_seq_length)
+            self._account(seconds, ks, lengths, owner, pending, model.max_seq_length)
             for row, k in enumerate(ks):
                 self._place(pending, owner[k], one.vectors[row], one.truncated[row])
 
@@ -374,7 +419,8 @@ class BatchExecutor:
 
     # -- rerank ----------------------------------------------------------------
 
-    async def _rerank(self, batch: Batch, req: AdmittedRequest) -> Served:
+    async def _rerank(self, batch: Batch, req: AdmittedRequest,
+                      on_start: _Once | None = None) -> Served:
         model: Reranker = self.model  # type: ignore[assignment]
         inp: RerankInput = req.input  # type: ignore[assignment]
         side = truncate_side(inp)
@@ -398,15 +444,16 @@ class BatchExecutor:
             scores: list[float] = [0.0] * len(documents)
             truncated = [False] * len(documents)
             step = model.score_groups(inp.query, documents, plan, lengths=lengths, **extra)
+            model_s = 0.0  # the seconds it had the model, not its waits for it
             while True:
-                t1 = time.perf_counter()
-                item = await self._thread(next, step, None)
+                item, seconds = await self._timed_call(next, step, None, on_start=on_start)
+                model_s += seconds
                 if item is None:
                     break
                 indices, out = item
                 capped = [min(lengths[i], limit) for i in indices]
                 self._on_microbatch(MicrobatchStats(
-                    time.perf_counter() - t1, sum(capped),
+                    seconds, sum(capped),
                     padded_tokens([list(range(len(capped)))], capped)))
                 for row, i in enumerate(indices):
                     scores[i] = float(out.scores[row])
@@ -423,7 +470,7 @@ class BatchExecutor:
         if inp.top_n is not None:
             ranking = ranking[: inp.top_n]
         more = {"documents": [inp.documents[i] for i in ranking]} if inp.return_documents else {}
-        return self._final(req, batch, "ok", seconds=time.perf_counter() - t0, scores=scores,
+        return self._final(req, batch, "ok", seconds=model_s, scores=scores,
                            ranking=ranking, truncated=truncated, method=model.method,
                            started_ms=started_ms, **more)
 

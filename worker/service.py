@@ -7,8 +7,10 @@ tells the scheduler (``hello`` on every assignment, a ``heartbeat`` every
 shutdown), and the scheduler writes a batch to one of its partitions only
 when it has a free slot (see ``docs/protocol.md``). The worker itself never
 takes more than ``slots`` batches at a time: one computing, the rest ready
-so the model never idles between batches. Batches are computed one after
-the other, in the order taken (the scheduler's order).
+so the model never idles between batches. The model makes one call at a
+time, in the order the calls ask for it (the scheduler's order, batch by
+batch); between its calls the event loop prepares the next batch and writes
+the last one's results, so neither costs the model time.
 
 For each batch (:mod:`worker.execute` does the model part): results are
 published micro-batch by micro-batch to each request's ``reply_to``, keyed
@@ -233,7 +235,6 @@ class WorkerService(Service):
         #: Newest scheduler epoch seen per batch partition (fencing, see _fenced).
         self._epochs: dict[TopicPartition, int] = {}
         self._freed = asyncio.Event()
-        self._model_lock = asyncio.Lock()
         self._partitions: list[int] = []
         self._producer = None
         #: Worker events on a connection of their own: aiokafka keeps one produce
@@ -524,17 +525,20 @@ class WorkerService(Service):
         results_ok = False
         service_s = 0.0
         try:
-            async with self._model_lock:
-                started = time.perf_counter()
-                taken = self._taken_ms.get(batch.id)
-                async for done in self.executor.serve(batch):
-                    # One write per micro-batch: its results leave together.
-                    for s in done:
-                        s.result.taken_ms = taken
-                        self._publish(s.request, s.result)
-                    written.append((done, await self._outbox.submit()))
-                    served.extend(done)
-                service_s = time.perf_counter() - started
+            # The executor takes the model call by call, so batches in hand
+            # overlap: this one's results are written while the next one's
+            # call runs.
+            taken = self._taken_ms.get(batch.id)
+            async for done in self.executor.serve(batch):
+                # One write per micro-batch: its results leave together.
+                for s in done:
+                    s.result.taken_ms = taken
+                    self._publish(s.request, s.result)
+                written.append((done, await self._outbox.submit()))
+                served.extend(done)
+            # Its service time: the seconds it had the model (not its waits
+            # for another batch's calls), what flow control's rate is made of.
+            service_s = sum(s.seconds for s in served)
             results_ok = await self._await_sends(written)
             ok = [s for s in served if s.result.status == "ok"]
             taken = self._taken_s.get(batch.id)

@@ -121,3 +121,47 @@ async def test_runs_in_a_thread_by_default():
     assert model.opened, "encode blocked the event loop until its own timeout"
     assert model.thread != threading.get_ident()
     assert [r.status for s in steps for r in s] == ["ok"]
+
+
+async def test_two_batches_in_hand_take_the_model_in_turn_and_release_when_they_get_it():
+    """A batch's credit returns as its last call gets the model, not while it waits for it.
+
+    Two batches are served at once (the worker overlaps them); the first
+    one's model call is held open. The second must neither call the model
+    nor return its credit until the first is done.
+    """
+    gate = asyncio.Event()
+    calls: list[str] = []
+    released: list[str] = []
+    inside = 0
+
+    class Timed(FakeEmbedder):
+        instant = False  # it takes time, as a real model does
+
+    model = Timed()
+
+    async def runner(fn, *args, **kwargs):
+        nonlocal inside
+        if fn != model.encode:  # token counting: not a model call
+            return fn(*args, **kwargs)
+        inside += 1
+        assert inside == 1, "two model calls at once"
+        calls.append(args[0][0])
+        if len(calls) == 1:
+            await gate.wait()
+        inside -= 1
+        return fn(*args, **kwargs)
+
+    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner,
+                       on_last_step=lambda b: released.append(b.id))
+    one = Batch(id="b1", endpoint="e", requests=[req(1, ["first"])], tokens=3, created_ms=3)
+    two = Batch(id="b2", endpoint="e", requests=[req(2, ["second"])], tokens=3, created_ms=3)
+    first = asyncio.create_task(collect(ex, one))
+    second = asyncio.create_task(collect(ex, two))
+    for _ in range(50):  # let both run as far as they can
+        await asyncio.sleep(0)
+    assert calls == ["first"], calls
+    assert released == ["b1"], "the waiting batch returned its credit before it had the model"
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert calls == ["first", "second"] and released == ["b1", "b2"]
