@@ -20,17 +20,24 @@ What is measured, per worker, from its ``batch_done`` reports:
   the two hops and whatever both sides add, without the work itself.
 
 The rule (:meth:`Credit.room`), for a worker with ``n`` unreleased batches
-outstanding of estimated total ``work`` ms, a full batch estimated at
-``full`` ms:
+outstanding of estimated total ``work`` ms:
 
 * never more than ``cap`` unreleased batches (``service.worker_slots``);
 * always room for one when none is outstanding (a worker with nothing to
   do gets work, whatever the estimates say);
-* otherwise room while ``work < min(round_trip + full, max_outstanding_ms)``:
-  the worker holds the batch it runs plus about a round trip of work, so the
-  next batch is there before it runs dry; and never beyond the configured
-  ceiling, which bounds what a quiet org's request can find ahead of it (a
-  slow CPU worker whose batch alone fills the ceiling gets one at a time).
+* otherwise room while ``work < min(round_trip, max_outstanding_ms)``: the
+  batch the worker runs has returned its credit (see below), so what is
+  unreleased is the work queued behind it, and a round trip of it is what
+  keeps the worker from running dry while the next batch is on its way:
+  the worker holds the batch it runs plus about a round trip of work. Never
+  beyond the configured ceiling, which bounds what a quiet org's request can
+  find ahead of it. When the round trip is shorter than a batch (a local
+  network, a GPU batch of tens of ms) that is one batch queued behind the
+  running one: a quiet request waits for at most the running batch, the
+  queued one and its own, the bound ``bench/isolation.py`` checks. (The
+  first rule counted a full batch on top of the round trip, which double
+  counted the running batch: two batches queued, one more batch of wait,
+  measured in ``docs/benchmarks.md``.)
 
 A worker returns a batch's credit when it *starts* the batch's last
 micro-batch (it lists the batch as ``released``), so the next batch is on
@@ -88,7 +95,7 @@ class Credit:
         """Estimated service time of a batch of ``tokens`` (0 until measured)."""
         return (self.ms_per_token or 0.0) * max(0, tokens)
 
-    def room(self, unreleased_tokens: Iterable[int], *, cap: int, full_tokens: int,
+    def room(self, unreleased_tokens: Iterable[int], *, cap: int,
              max_outstanding_ms: float) -> bool:
         """May one more batch go to this worker, holding ``unreleased_tokens`` batches now?"""
         held = list(unreleased_tokens)
@@ -99,6 +106,4 @@ class Credit:
         if self.ms_per_token is None:
             return False  # not measured yet: one batch at a time until its report
         work = sum(self.estimate_ms(t) for t in held)
-        target = min((self.round_trip_ms or 0.0) + self.estimate_ms(full_tokens),
-                     max_outstanding_ms)
-        return work < target
+        return work < min(self.round_trip_ms or 0.0, max_outstanding_ms)

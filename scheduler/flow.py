@@ -61,7 +61,7 @@ How much each worker holds
 ``mode="credit"`` (the default): a worker's ``slots`` is a cap, and within
 it a worker gets another batch only while its measured credit leaves room
 (:mod:`scheduler.credit`: enough work to cover the round trip at its
-measured speed, plus the batch it runs, within ``max_outstanding_ms``).
+measured speed behind the batch it runs, within ``max_outstanding_ms``).
 Batches a worker lists as ``released`` (it started their last micro-batch)
 no longer count against it. ``mode="slots"``: the fixed count of before,
 every outstanding batch counting until it is reported done.
@@ -269,7 +269,7 @@ class FlowControl:
             return True
         full = self.full_batch_tokens.get(w.endpoint, 0)
         return w.credit.room((w.tokens.get(b, full) for b in w.unreleased()), cap=w.slots,
-                             full_tokens=full, max_outstanding_ms=self.max_outstanding_ms)
+                             max_outstanding_ms=self.max_outstanding_ms)
 
     def free_workers(self, endpoint: str) -> list[WorkerSlots]:
         """Workers of ``endpoint`` that own a partition and have room for a batch."""

@@ -58,13 +58,13 @@ def test_an_unmeasured_worker_gets_one_batch_at_a_time():
 
 
 def test_a_fast_worker_gets_enough_to_cover_the_round_trip():
-    """16 ms batches, 30 ms round trip: the running batch plus a round trip of work."""
+    """16 ms batches, 30 ms round trip: a round trip of work behind the one it runs."""
     f = flow()
     f.observe(ev("hello", sent=0), 0)
     now = measure(f, 1, service_ms=16, round_trip_ms=30)
     held = fill(f, now, "b")
-    # Room while work < round trip + full = 46 ms: 0, 16, 32 -> 3 batches (48 ms).
-    assert len(held) == 3
+    # Room while work < round trip = 30 ms: 0, 16 -> 2 batches (32 ms).
+    assert len(held) == 2
 
 
 def test_a_slow_worker_under_the_ceiling_gets_one_batch_more_only_when_one_is_released():
@@ -92,8 +92,8 @@ def test_credit_follows_a_changing_round_trip():
         f.done(b)
     now = measure(f, now, service_ms=10, round_trip_ms=15)
     again = len(fill(f, now, "c"))
-    # work < round trip + 10 ms: 3 at 15 ms, 11 at 100 ms (capped at the 8 slots).
-    assert short == 3 and long == 8 and again == 3
+    # work < round trip: 2 at 15 ms, 10 at 100 ms (capped at the 8 slots).
+    assert short == 2 and long == 8 and again == 2
 
 
 def test_max_outstanding_ms_caps_what_a_long_round_trip_would_ask_for():
@@ -127,14 +127,14 @@ def test_slots_mode_counts_released_batches_until_done():
 def test_credit_rule_alone():
     """Credit.room: the cap, the empty worker, the estimate, the ceiling."""
     c = Credit()
-    assert c.room([], cap=1, full_tokens=FULL, max_outstanding_ms=1)
-    assert not c.room([FULL], cap=1, full_tokens=FULL, max_outstanding_ms=1e9)
+    assert c.room([], cap=1, max_outstanding_ms=1)
+    assert not c.room([FULL], cap=1, max_outstanding_ms=1e9)
     c.observe(tokens=FULL, service_ms=10, round_trip_ms=25)
-    # 10 ms a batch, 25 ms round trip: room while work < 35.
-    assert c.room([FULL] * 3, cap=4, full_tokens=FULL, max_outstanding_ms=1e9)
-    assert not c.room([FULL] * 4, cap=8, full_tokens=FULL, max_outstanding_ms=1e9)
-    assert not c.room([FULL] * 2, cap=2, full_tokens=FULL, max_outstanding_ms=1e9)
-    assert not c.room([FULL, FULL], cap=4, full_tokens=FULL, max_outstanding_ms=20)
+    # 10 ms a batch, 25 ms round trip: room while work < 25.
+    assert c.room([FULL] * 2, cap=4, max_outstanding_ms=1e9)
+    assert not c.room([FULL] * 3, cap=8, max_outstanding_ms=1e9)
+    assert not c.room([FULL] * 2, cap=2, max_outstanding_ms=1e9)
+    assert not c.room([FULL, FULL], cap=4, max_outstanding_ms=20)
 
 
 @settings(max_examples=200, deadline=None)
