@@ -40,6 +40,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -50,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgspec
 
 from app.processes import ProcessStack
+from bench.burst import start_burst
 from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
@@ -80,17 +82,13 @@ def bench_config(prefix: str, latency_target_ms: int) -> Built:
                         endpoints={"embed": target, "rerank": target})
 
 
-def items(burst: int, quiet_rps: float, quiet_s: float, tokens: int) -> list[ReplayItem]:
-    """``burst`` requests of the bursting org at 0, the quiet org every 1/quiet_rps s."""
+def items(quiet_rps: float, quiet_s: float, tokens: int) -> list[ReplayItem]:
+    """The quiet org's requests, one every 1/quiet_rps s."""
     synth = TextSynth(WhitespaceTokenCounter())
-    out = [ReplayItem(ts=0.0, tokens=tokens, request=Request(
-        id=f"b{i}", org=BURST_ORG, endpoint="embed",
-        input=synth.make_input("embed", tokens, f"b{i}"))) for i in range(burst)]
     n = int(quiet_rps * quiet_s)
-    out += [ReplayItem(ts=i / quiet_rps, tokens=tokens, request=Request(
+    return [ReplayItem(ts=i / quiet_rps, tokens=tokens, request=Request(
         id=f"q{i}", org=QUIET_ORG, endpoint="embed",
         input=synth.make_input("embed", tokens, f"q{i}"))) for i in range(n)]
-    return sorted(out, key=lambda it: it.ts)
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -135,23 +133,28 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
             async with ProcessStack(path, kafka.require_bootstrap(), endpoints=["embed"],
                                     model=model, workers=workers, env=env,
                                     extra_args={"admission": ["--token-counter", "fake"]}) as st:
-                settings = ReplaySettings(timeout_s=120, progress=False, samples=False)
-                await replay(kafka, config, items(0, args.quiet_rps, 2, args.tokens), settings)
-                unloaded = await replay(kafka, config, items(0, args.quiet_rps, args.quiet_s,
+                settings = ReplaySettings(timeout_s=120, progress=False, samples=False,
+                                          lead_s=1.0)
+                await replay(kafka, config, items(args.quiet_rps, 2, args.tokens), settings)
+                unloaded = await replay(kafka, config, items(args.quiet_rps, args.quiet_s,
                                                              args.tokens), settings)
                 before = model_seconds(st)
-                loaded_items = items(args.burst, args.quiet_rps, args.quiet_s, args.tokens)
+                # The burst from a process of its own (another team's client),
+                # 0.5 s into the quiet org's run.
+                child = start_burst(kafka.require_bootstrap(), built.text, org=BURST_ORG,
+                                    burst=args.burst, tokens=args.tokens,
+                                    start_at=time.time() + settings.lead_s + 0.5)
+                loaded_items = items(args.quiet_rps, args.quiet_s, args.tokens)
                 loaded = await replay(kafka, config, loaded_items, settings)
+                burst = await child.outcome()
                 busy_s = model_seconds(st) - before
                 sched = next(p for n, (_, p) in st.procs.items() if n.startswith("scheduler"))
                 flow = scrape(sched)
         finally:
             await delete_topics(kafka, await describe_topics(kafka, prefix))
-    burst = [o for o in loaded.outcomes if o.org == BURST_ORG]
-    ok = [o for o in burst if o.status == "ok"]
-    start = min(o.arrival_s for o in burst)
-    end = max(o.completed_s for o in ok)
-    span = end - start
+    if burst.first_created_s is None or burst.last_completed_s is None:
+        raise RuntimeError(f"the burst got no result served: {burst.statuses}")
+    span = burst.last_completed_s - burst.first_created_s
     full_tokens = config.endpoints["embed"].max_batch_size * args.tokens
     batch_ms = full_tokens * args.ms_per_token
     capacity = workers * config.endpoints["embed"].max_batch_size / (batch_ms / 1000)
@@ -159,7 +162,7 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
     quiet_unloaded = p99_ms(unloaded, QUIET_ORG)
     quiet = p99_ms(loaded, QUIET_ORG)
     bound = quiet_unloaded + 2 * batch_ms + round_trip_ms
-    missing = sum(o.status != "ok" for o in loaded.outcomes)
+    missing = sum(o.status != "ok" for o in loaded.outcomes) + args.burst - burst.ok
     quiet_results = [(g[0], g[1] * 1000) for it, g in zip(loaded_items, loaded.results,
                                                           strict=True)
                      if g is not None and it.request.org == QUIET_ORG]
@@ -167,7 +170,7 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
     print(stage_line(stages, label=f"{workers} worker(s), {QUIET_ORG} under the burst"))
     return {"stages_p99_ms": {k: sorted(v)[int(0.99 * (len(v) - 1))] if v else None
                               for k, v in stages.items()},
-            "workers": workers, "busy": busy_s / (workers * span), "served_rps": len(ok) / span,
+            "workers": workers, "busy": busy_s / (workers * span), "served_rps": burst.ok / span,
             "capacity_rps": capacity, "quiet_p99_ms": quiet, "quiet_unloaded_p99_ms":
             quiet_unloaded, "batch_ms": batch_ms, "round_trip_ms": round_trip_ms,
             "bound_ms": bound, "burst": args.burst, "not_ok": missing, "span_s": span}

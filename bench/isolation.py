@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import random
 import sys
@@ -49,12 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgspec
 
 from app.processes import ProcessStack
+from bench.burst import start_burst
 from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
 from plumbing.outbox import partition_for_key
 from plumbing.topics import delete_topics, describe_topics
 from schemas.build import Built, build_config
-from schemas.config import parse_config
 from schemas.messages import Request
 from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
@@ -91,33 +90,6 @@ def layout(seed: int, n: int = 12, sharing: int = 4) -> list[str]:
         (same if partition_for_key(name.encode(), INGRESS_PARTITIONS) == home else other)\
             .append(name)
     return same[:sharing] + other[:n - sharing]
-
-
-def burst_items(burst: int) -> list[ReplayItem]:
-    """``burst`` requests of 256 tokens from the bursting org, all at once."""
-    synth = TextSynth(WhitespaceTokenCounter())
-    return [ReplayItem(ts=0.0, tokens=256, request=Request(
-        id=f"b{i}", org=BURST_ORG, endpoint="embed",
-        input=synth.make_input("embed", 256, f"b{i}"))) for i in range(burst)]
-
-
-def _burst_child(bootstrap: str, text: str, burst: int, start_at: float, out) -> None:
-    """The bursting org, a process of its own (another team's service): its statuses."""
-
-    async def go() -> dict:
-        config = parse_config(text)
-        kafka = KafkaSettings(bootstrap=bootstrap)
-        items = burst_items(burst)
-        await asyncio.sleep(max(0.0, start_at - time.time()))
-        run = await replay(kafka, config, items, ReplaySettings(
-            timeout_s=300, progress=False, samples=False, lead_s=0.0))
-        statuses: dict[str, int] = {}
-        for o in run.outcomes:
-            statuses[o.status] = statuses.get(o.status, 0) + 1
-        return statuses
-
-    configure_logging("WARNING")
-    out.put(asyncio.run(go()))
 
 
 def trace(quiet: list[str], seconds: float, rate: float, seed: int) -> list[ReplayItem]:
@@ -170,19 +142,14 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                 for label, burst in (("none", 0), ("burst", args.burst),
                                      ("larger", args.burst * args.factor)):
                     items = trace(quiet, args.seconds, args.rate, seed)
-                    child, got = None, None
+                    child = None
                     if burst:
-                        got = multiprocessing.get_context("spawn").Queue()
-                        child = multiprocessing.get_context("spawn").Process(
-                            target=_burst_child, daemon=True,
-                            args=(kafka.require_bootstrap(), text, burst,
-                                  time.time() + settings.lead_s + 5.0, got))
-                        child.start()
+                        child = start_burst(kafka.require_bootstrap(), text, org=BURST_ORG,
+                                            burst=burst, tokens=256,
+                                            start_at=time.time() + settings.lead_s + 5.0)
                     run = await replay(kafka, config, items, settings)
                     if child is not None:
-                        burst_statuses = await asyncio.to_thread(got.get, True, 300)
-                        child.join(10)
-                        burst_runs[label] = burst_statuses
+                        burst_runs[label] = (await child.outcome()).statuses
                     shared = {o for o in quiet
                               if partition_for_key(o.encode(), INGRESS_PARTITIONS) == home}
                     split = {k: [(g[0], g[1] * 1000) for g in run.results
