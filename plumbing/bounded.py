@@ -30,11 +30,30 @@ class WaitTimeout(TimeoutError):
 
 
 async def bounded(aw: Awaitable[T], seconds: float, what: str) -> T:
-    """``await aw`` for at most ``seconds``; then :class:`WaitTimeout` naming ``what``."""
+    """``await aw`` for at most ``seconds``; then :class:`WaitTimeout` naming ``what``.
+
+    On the timeout ``aw`` is cancelled and left to end on its own: unlike
+    ``asyncio.wait_for``, which waits for the cancelled awaitable to finish,
+    this returns even when ``aw`` does not honour its cancellation (a client
+    library's shutdown that swallows it), which is the stall it bounds.
+    """
+    task = asyncio.ensure_future(aw)
     try:
-        return await asyncio.wait_for(aw, max(0.0, seconds))
-    except TimeoutError:
-        raise WaitTimeout(what, seconds) from None
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, seconds))
+    except BaseException:  # we were cancelled: so is what we waited for
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_consume)
+        raise WaitTimeout(what, seconds)
+    return task.result()
+
+
+def _consume(task: asyncio.Future) -> None:
+    """Retrieve an abandoned task's outcome, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def stop_within(aw: Awaitable[object], seconds: float, what: str, *, log=None) -> bool:

@@ -62,6 +62,7 @@ import msgspec
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
+from plumbing.bounded import stop_within
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -129,6 +130,7 @@ class FairnessClient(StartStop):
         remember_ids: int = 100_000,
         clock_skew_ms: int = 60_000,
         lost_grace_s: float = 10.0,
+        stop_timeout_s: float = 10.0,
     ):
         if isinstance(config_or_prefix, Config):
             self.topics = Topics.of(config_or_prefix)
@@ -149,6 +151,8 @@ class FairnessClient(StartStop):
         #: After the broker lost the reply topic, how long requests submitted
         #: before get to bring a result before they count as lost.
         self.lost_grace_s = lost_grace_s
+        #: How long each step of :meth:`stop` may take before it is left behind.
+        self.stop_timeout_s = stop_timeout_s
         self.duplicates = 0
         self._producer = None
         self._consumer = None
@@ -239,21 +243,32 @@ class FairnessClient(StartStop):
                         detail="no result since the broker lost its topics; resubmit them")
 
     async def stop(self) -> None:
+        """Stop reading and writing; each step bounded by ``stop_timeout_s``.
+
+        A step that does not end in time (a library's shutdown waiting on a
+        broker that does not answer) is logged with what it waited for and
+        left behind: closing a client never hangs its caller.
+        """
+        limit = self.stop_timeout_s
         if self._keeper is not None:
-            await self._keeper.stop()
+            await stop_within(self._keeper.stop(), limit, "the client's topic keeper to stop",
+                              log=log)
             self._keeper = None
         if self._reader is not None:
             self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+            await stop_within(asyncio.gather(self._reader, return_exceptions=True), limit,
+                              "the client's result reader to end", log=log)
             self._reader = None
         for fut in self._waiters.values():
             fut.cancel()
         self._waiters.clear()
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_within(self._consumer.stop(), limit, "the client's consumer to stop",
+                              log=log)
             self._consumer = None
         if self._producer is not None:
-            await self._producer.stop()
+            await stop_within(self._producer.stop(), limit, "the client's producer to stop",
+                              log=log)
             self._producer = None
 
     # -- requests and results ------------------------------------------
