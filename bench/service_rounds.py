@@ -18,7 +18,8 @@ costs nothing beyond its I/O).
   batch topic as it is.
 - **worker**: batches of 64 requests -> one result per request (fake model
   at zero time); relay: each batch record answered by the same result
-  records, made beforehand.
+  records, made beforehand by the worker's own executor (the same vectors
+  and stamps, so the same bytes).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from schemas.codec import codec_for
 from schemas.config import Config
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, Request, Result, WorkerEvent
 from schemas.topics import Topics
+from worker.execute import BatchExecutor
+from worker.fake import FakeEmbedder
 from worker.service import WorkerService, WorkerSettings
 
 __all__ = ["admission_rounds", "scheduler_rounds", "worker_rounds"]
@@ -313,6 +316,28 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
     return relay_s, service_s
 
 
+async def _worker_answers(batch: Batch, rcodec) -> list[tuple[str, bytes, bytes, list]]:
+    """The result records a worker writes for ``batch``: same model, same fields, same bytes.
+
+    A relay that wrote smaller records (a constant vector, no stamps) was
+    compared with a worker writing real ones: the ratio charged the worker
+    for bytes the relay never sent.
+    """
+    async def inline(fn, /, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    executor = BatchExecutor(FakeEmbedder(), "embed", worker="relay", run_in_thread=inline)
+    taken = int(time.time() * 1000)
+    out = []
+    async for done in executor.serve(batch):
+        for s in done:
+            s.result.taken_ms = taken
+            fmt = s.request.reply_format
+            out.append((s.request.reply_to, rcodec.encode(s.result, fmt), s.result.id.encode(),
+                        _MSGPACK if fmt == "msgpack" else _JSON))
+    return out
+
+
 async def worker_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
                         repeat: int, slots: int) -> tuple[list[float], list[float]]:
     """(relay seconds, worker seconds) per round, interleaved; batches of 64 requests."""
@@ -336,14 +361,10 @@ async def worker_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, wor
     for _ in range(repeat):
         config = config_for()
         topics, batches, records, send = make(config)
-        # The results a worker writes (32-dim vectors, as the fake model's), made beforehand.
-        vector = [[0.125] * 32]
-        answers = {rec[0]: [
-            (q.reply_to, rcodec.encode(Result(id=q.id, status="ok", org=q.org, endpoint="embed",
-                                              embeddings=vector, model="fake", tokens=q.tokens,
-                                              batch_id=b.id, worker="relay"), "json"),
-             q.id.encode(), _JSON) for q in b.requests] for b, rec in zip(batches, records,
-                                                                          strict=True)}
+        # The very records the worker writes for these batches (the fake
+        # model's vectors, every stamp), made beforehand by its executor.
+        answers = {rec[0]: await _worker_answers(b, rcodec)
+                   for b, rec in zip(batches, records, strict=True)}
         out = {topics.results: config.service.results_partitions}
         await ensure_topics(kafka, topics.all(config))
         async with _Relay(kafka, topics.batches("embed"), lambda rec, a=answers: a[rec.value]):
