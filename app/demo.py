@@ -38,6 +38,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from app.demo_burst import burst_main
 from app.demo_burst import text as _text
@@ -147,17 +148,16 @@ class Burst:
         self.proc.join(5)
 
 
+@dataclass(eq=False)
 class Traffic:
     """The demo's senders: the burst (its own process) and a few paced requests per org."""
 
-    def __init__(self, client, config: Config, phase: Phase, timeout_s: float,
-                 burst: Burst | None = None):
-        self.client = client
-        self.config = config
-        self.phase = phase
-        self.timeout_s = timeout_s
-        self.burst = burst
-        self.waiting: list[asyncio.Task] = []
+    client: Any
+    config: Config
+    phase: Phase
+    timeout_s: float
+    burst: Burst | None = None
+    waiting: list[asyncio.Task] = field(default_factory=list, init=False)
 
     async def _send(self, org: str, endpoint: str, inp: dict) -> None:
         rid = uuid.uuid4().hex

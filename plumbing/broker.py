@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -248,40 +248,30 @@ class EmbeddedBroker:
         self._may_move_port = False
 
     def _start(self, wait_ready: Callable[[EmbeddedBroker, float], None]) -> None:
-        attempts = self._attempts()
-        for attempt in range(attempts):
-            self._spawn()
-            try:
-                wait_ready(self, time.monotonic() + self.start_timeout_s)
-            except BrokerStartError:
-                if not self._start_failed(attempt, attempts):
-                    raise
-                continue
-            except BaseException:
-                # Cancelled or interrupted mid-start: no half-started child.
-                self._kill_now()
-                self._release_log()
-                raise
-            self._started()
-            return
+        for attempt in self._start_attempts():
+            with attempt:
+                wait_ready(self, attempt.deadline)
 
     async def _astart(self) -> None:
+        for attempt in self._start_attempts():
+            with attempt:
+                await _wait_ready_async(self, attempt.deadline)
+
+    def _start_attempts(self) -> Iterator[_StartAttempt]:
+        """Spawns the child once per attempt; the caller waits for it inside each attempt.
+
+        The sync and the async start differ only in how they wait, so the
+        attempts, their retries and their clean-up are written once, here and
+        in :class:`_StartAttempt`. Ends after the first attempt that is ready.
+        """
         attempts = self._attempts()
-        for attempt in range(attempts):
+        for index in range(attempts):
             self._spawn()
-            try:
-                await _wait_ready_async(self, time.monotonic() + self.start_timeout_s)
-            except BrokerStartError:
-                if not self._start_failed(attempt, attempts):
-                    raise
-                continue
-            except BaseException:
-                # Cancelled or interrupted mid-start: no half-started child.
-                self._kill_now()
-                self._release_log()
-                raise
-            self._started()
-            return
+            attempt = _StartAttempt(self, index, attempts,
+                                    time.monotonic() + self.start_timeout_s)
+            yield attempt
+            if attempt.ready:
+                return
 
     def _spawn(self) -> None:
         binary = self._binary or resolve_tansu_binary()
@@ -384,6 +374,38 @@ class EmbeddedBroker:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"EmbeddedBroker(port={self._port}, pid={self.pid}, {state})"
+
+
+class _StartAttempt:
+    """One spawned child's readiness wait, as a ``with`` block around it.
+
+    Ready: the broker is started. A :class:`BrokerStartError`: cleaned up,
+    and swallowed when another port is worth a try (the next attempt), else
+    raised. Anything else (cancelled or interrupted mid-start): the child is
+    killed and the error raised, so no half-started child is left.
+    """
+
+    def __init__(self, broker: EmbeddedBroker, index: int, attempts: int, deadline: float):
+        self.broker = broker
+        self.index = index
+        self.attempts = attempts
+        self.deadline = deadline
+        self.ready = False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if exc_type is None:
+            self.broker._started()
+            self.ready = True
+            return False
+        if issubclass(exc_type, BrokerStartError):
+            return self.broker._start_failed(self.index, self.attempts)
+        self.broker._kill_now()
+        self.broker._release_log()
+        return False
 
 
 # -- readiness: a Kafka ApiVersions v0 round trip ---------------------------

@@ -16,7 +16,8 @@ the live fairness watch is whatever object the service passes (its
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, NamedTuple
 
 from scheduler.core import Scheduler
 from scheduler.entry import Entry
@@ -39,20 +40,20 @@ class Outgoing(NamedTuple):
     entries: list[Entry]
 
 
+@dataclass(eq=False)
 class Dispatcher:
     """Turns credit into batches. ``epoch`` is set by the service on each takeover."""
 
-    def __init__(self, core: Scheduler, flow: FlowControl, backlog: Backlog, *, instance: str,
-                 watch=None):
-        self.core = core
-        self.flow = flow
-        self.backlog = backlog
-        self.instance = instance
-        self.watch = watch
-        self.epoch = 0
-        self._seq = 0
-        #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.
-        self.sent_tokens: dict[str, int] = {}
+    core: Scheduler
+    flow: FlowControl
+    backlog: Backlog
+    _: KW_ONLY
+    instance: str
+    watch: Any = None
+    epoch: int = field(default=0, init=False)
+    _seq: int = field(default=0, init=False)
+    #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.
+    sent_tokens: dict[str, int] = field(default_factory=dict, init=False)
 
     def batches(self, now: float, *, may: Callable[[], bool],
                 on_expired: Callable[[list[Entry]], None]) -> Iterator[Outgoing]:

@@ -95,14 +95,24 @@ def _latency_cdf(ax, outcomes, label, colours) -> None:
         drawn = True
     ax.set_xscale("log")
     ax.set_ylim(0, 101)
-    ax.set_xlabel("latency: arrival to batch done (ms, log scale)")
-    ax.set_ylabel("requests done within this latency (% of the org's completed)")
-    ax.set_title("Latency per org: a curve to the right means the org waited")
+    _finish_curves(ax, "latency: arrival to batch done (ms, log scale)",
+                   "requests done within this latency (% of the org's completed)",
+                   "Latency per org: a curve to the right means the org waited",
+                   drawn=drawn, legend_loc="best", nothing="No request completed")
+
+
+def _finish_curves(ax, xlabel: str, ylabel: str, title: str, *, drawn: bool, legend_loc: str,
+                   nothing: str) -> None:
+    """Axis labels, title, a grid on both log scales; the legend at ``legend_loc`` where
+    a curve was ``drawn``, else ``nothing`` written across the plot."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     if drawn:
-        ax.legend(loc="best", fontsize=9)
+        ax.legend(loc=legend_loc, fontsize=9)
     else:
-        _empty(ax, "No request completed")
+        _empty(ax, nothing)
 
 
 def _human_ms(ms: float) -> str:
@@ -142,14 +152,9 @@ def _waiting(ax, outcomes, label, colours, scale: float, xlabel: str) -> None:
                       f"{_human_ms(longest[g] * 1000)}")
     ax.set_yscale("symlog", linthresh=1)
     ax.set_ylim(0, max(2, peak) * 1.5)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("requests waiting in the scheduler (log scale)")
-    ax.set_title("Who waited: requests arrived but not yet dispatched, per org")
-    ax.grid(True, which="both", alpha=0.3)
-    if peak:
-        ax.legend(loc="upper right", fontsize=9)
-    else:
-        _empty(ax, "Nothing ever waited")
+    _finish_curves(ax, xlabel, "requests waiting in the scheduler (log scale)",
+                   "Who waited: requests arrived but not yet dispatched, per org",
+                   drawn=peak > 0, legend_loc="upper right", nothing="Nothing ever waited")
 
 
 def _served_share(ax, outcomes, label, colours, scale: float, xlabel: str) -> None:

@@ -157,7 +157,7 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
     index of the set with the most served tokens and the ten largest sets,
     as the simulator reports them.
     """
-    from traffic.simulate import JainGroup
+    from traffic.simulate import JainGroup, count_backlogged
 
     events: list[tuple[float, int, str, Any]] = []
     batches: dict[str, list[Outcome]] = {}
@@ -192,21 +192,7 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
             for m in what:
                 change(m, -1)
                 served[(m.tier, m.org)] = served.get((m.tier, m.org), 0.0) + m.tokens
-            endpoint = what[0].endpoint
-            for (ep, tier), counts in held.items():
-                if ep != endpoint or len(counts) < 2:
-                    continue
-                key = (ep, tier, frozenset(counts))
-                g = groups.get(key)
-                if g is None:
-                    orgs = tuple(sorted(counts))
-                    weights = {o: config.orgs[o].weight if o in config.orgs else 1.0
-                               for o in orgs}
-                    g = groups[key] = JainGroup(ep, tier, orgs, 0, dict.fromkeys(orgs, 0.0),
-                                                weights)
-                g.batches += 1
-                for org in g.orgs:
-                    g.served[org] += served.get((tier, org), 0.0)
+            count_backlogged(groups, held, what[0].endpoint, served, config)
     ranked = [g for g in sorted(groups.values(), key=lambda g: -sum(g.served.values()))
               if g.batches >= min_batches]
     return (round(ranked[0].index, 6) if ranked else None), [g.to_json() for g in ranked[:10]]

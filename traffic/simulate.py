@@ -77,7 +77,7 @@ import argparse
 import heapq
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,6 +97,7 @@ __all__ = [
     "SimResult",
     "SimSettings",
     "add_arguments",
+    "count_backlogged",
     "jain",
     "run",
     "simulate",
@@ -200,6 +201,32 @@ def jain(xs: Sequence[float]) -> float:
     return (sum(xs) ** 2) / (len(xs) * sq) if sq else 1.0
 
 
+def count_backlogged(groups: dict[tuple[str, str, frozenset[str]], JainGroup],
+                     held: Mapping[tuple[str, str], Collection[str]], endpoint: str,
+                     served: Mapping[tuple[str, str], float], config: Config) -> None:
+    """Count one batch of ``endpoint`` in every set of orgs backlogged across it.
+
+    ``held`` names, per (endpoint, tier), the orgs holding requests while the
+    batch went out; two or more of one tier are a set, its group in
+    ``groups`` made on first sight (weights from the registry, 1 for an org
+    not in it). Each of the set's orgs is credited what ``served`` says the
+    batch gave it, by (tier, org). The simulator and the replay's estimate
+    (:func:`traffic.replay_outcomes.live_jain`) both count this way.
+    """
+    for (ep, tier), orgs_held in held.items():
+        if ep != endpoint or len(orgs_held) < 2:
+            continue
+        key = (ep, tier, frozenset(orgs_held))
+        g = groups.get(key)
+        if g is None:
+            orgs = tuple(sorted(orgs_held))
+            weights = {o: config.orgs[o].weight if o in config.orgs else 1.0 for o in orgs}
+            g = groups[key] = JainGroup(ep, tier, orgs, 0, dict.fromkeys(orgs, 0.0), weights)
+        g.batches += 1
+        for org in g.orgs:
+            g.served[org] += served.get((tier, org), 0.0)
+
+
 @dataclass
 class SimResult:
     """A run's outcomes, queue samples and fairness groups."""
@@ -268,10 +295,6 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     arrivals = sorted(range(len(records)), key=lambda k: (enter[k], k))
     entered: dict[str, float] = {}
     slots_of = {ep: (pipe.slots(ep) if pipe is not None else None) or s.slots for ep in pools}
-
-    def weight(org: str) -> float:
-        o = config.orgs.get(org)
-        return o.weight if o is not None else 1.0
 
     def unhold(ep: str, e: Entry) -> None:
         counts = held[(ep, e.tier)]
@@ -344,20 +367,6 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         c[0] += 1
         c[1] += r.tokens
 
-    def account(ep: str, served: dict[tuple[str, str], float]) -> None:
-        for (e_ep, tier), counts in held.items():
-            if e_ep != ep or len(counts) < 2:
-                continue
-            key = (ep, tier, frozenset(counts))
-            g = groups.get(key)
-            if g is None:
-                orgs = tuple(sorted(counts))
-                g = groups[key] = JainGroup(ep, tier, orgs, 0, dict.fromkeys(orgs, 0.0),
-                                            {o: weight(o) for o in orgs})
-            g.batches += 1
-            for org in g.orgs:
-                g.served[org] += served.get((tier, org), 0.0)
-
     def dispatch(now: float) -> None:
         nonlocal seq, n_batches
         for ep, pool in pools.items():
@@ -379,7 +388,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                     c = sched.cost(ep, e)
                     charged.append((e, c))
                     served[(e.tier, e.org)] = served.get((e.tier, e.org), 0.0) + c
-                account(ep, served)
+                count_backlogged(groups, held, ep, served, config)
                 if pipe is None:
                     start = max(now, w.free_at)
                     took, offsets, back_s = s.service.batch_s(tokens), None, 0.0

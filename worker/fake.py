@@ -105,8 +105,8 @@ class FakeEmbedder(Embedder):
             raise ValueError("dim and max_seq_length must be >= 1")
         if ms_per_token < 0 or ms_per_batch < 0:
             raise ValueError("ms_per_token and ms_per_batch must be >= 0")
-        self._name = name
-        self._dim = dim
+        self.name = name
+        self.dimension = dim
         self._max_seq_length = max_seq_length
         self.ms_per_token = ms_per_token
         self.ms_per_batch = ms_per_batch
@@ -116,14 +116,6 @@ class FakeEmbedder(Embedder):
         self._table = np.zeros((0, dim), dtype=np.float32)
         # Total service time simulated so far: what a benchmark would have waited.
         self.simulated_seconds = 0.0
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def dimension(self) -> int:
-        return self._dim
 
     @property
     def max_seq_length(self) -> int:
@@ -173,7 +165,7 @@ class FakeEmbedder(Embedder):
         normalized unless ``normalize=False``, then cut to ``dimensions`` (and
         normalized again with ``normalize=True``).
         """
-        vectors = np.zeros((len(texts), self._dim), dtype=np.float32)
+        vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)
         head, cap = options.prompt or "", self._max_seq_length
         split = [(head + text).lower().split() for text in texts]
         split = [w[-cap:] if options.truncate == "start" else w[:cap] for w in split]
@@ -206,12 +198,12 @@ class FakeEmbedder(Embedder):
         """A row of the word table for ``word``."""
         i = len(self._index)
         if i >= len(self._table):
-            grown = np.zeros((max(2 * len(self._table), 256, i + 1), self._dim),
+            grown = np.zeros((max(2 * len(self._table), 256, i + 1), self.dimension),
                              dtype=np.float32)
             if i:
                 grown[:i] = self._table[:i]
             self._table = grown
-        self._table[i] = _word_vector(word, self._dim)
+        self._table[i] = _word_vector(word, self.dimension)
         self._index[word] = i
         return i
 

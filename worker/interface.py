@@ -114,13 +114,10 @@ def _pick(items: Sequence, indices: Sequence[int]) -> list:
 class Embedder(Protocol):
     """Turns texts into vectors. Implementations: SentenceTransformerEmbedder, FakeEmbedder."""
 
-    @property
-    def name(self) -> str:
-        """The spec the model was loaded from: a label for logs and metrics."""
-        ...
-
-    @property
-    def dimension(self) -> int: ...
+    #: The spec the model was loaded from: a label for logs and metrics.
+    name: str
+    #: Values per vector (before any ``dimensions`` cut), fixed at load.
+    dimension: int
 
     @property
     def max_seq_length(self) -> int:
@@ -164,8 +161,8 @@ class Reranker(Protocol):
     """Scores documents against a query. Implementations: CrossEncoderReranker,
     CosineReranker, FakeReranker."""
 
-    @property
-    def name(self) -> str: ...
+    #: The spec the model was loaded from: a label for logs and metrics.
+    name: str
 
     @property
     def method(self) -> RerankMethod:
@@ -232,11 +229,7 @@ class CosineReranker(Reranker):
 
     def __init__(self, embedder: Embedder, *, name: str | None = None) -> None:
         self.embedder = embedder
-        self._name = name or embedder.name
-
-    @property
-    def name(self) -> str:
-        return self._name
+        self.name = name or embedder.name
 
     @property
     def max_seq_length(self) -> int:

@@ -129,23 +129,15 @@ class SentenceTransformerEmbedder(Embedder):
     def __init__(self, spec: str, *, device: str | None = None) -> None:
         from sentence_transformers import SentenceTransformer
 
-        self._name = spec
+        self.name = spec
         self.path = resolve_model_path(spec)
         self.device = choose_device(device)
         self.model: SentenceTransformer = SentenceTransformer(self.path, device=self.device)
-        self._dimension = int(self.model.get_embedding_dimension())
+        self.dimension = int(self.model.get_embedding_dimension())
         prompt_name = self.model.default_prompt_name
         # encode() prepends the default prompt, if the model has one: count it.
         self._prompt = self.model.prompts.get(prompt_name, "") if prompt_name else ""
         self._unnormalized: SentenceTransformer | None = None
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def dimension(self) -> int:
-        return self._dimension
 
     @property
     def max_seq_length(self) -> int:
@@ -177,7 +169,7 @@ class SentenceTransformerEmbedder(Embedder):
 
     def encode(self, texts: Sequence[str], *, lengths: Sequence[int] | None = None,
                options: EncodeOptions = DEFAULT_OPTIONS) -> EncodeOutput:
-        width = min(options.dimensions or self._dimension, self._dimension)
+        width = min(options.dimensions or self.dimension, self.dimension)
         if not texts:
             return EncodeOutput(np.zeros((0, width), dtype=np.float32), [])
         if lengths is None:
@@ -214,7 +206,7 @@ class CrossEncoderReranker(Reranker):
     def __init__(self, spec: str, *, device: str | None = None) -> None:
         from sentence_transformers import CrossEncoder
 
-        self._name = spec
+        self.name = spec
         self.path = resolve_model_path(spec)
         if Path(self.path).is_dir() and detect_model_kind(self.path) != "cross-encoder":
             raise ModelSpecError(
@@ -227,10 +219,6 @@ class CrossEncoderReranker(Reranker):
             raise ModelSpecError(f"{spec!r} has {self.model.num_labels} labels; a reranker needs 1")
         seq = self.model.max_seq_length
         self._max_seq_length = int(seq or self.model.config.max_position_embeddings)
-
-    @property
-    def name(self) -> str:
-        return self._name
 
     @property
     def max_seq_length(self) -> int:
