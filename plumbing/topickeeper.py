@@ -23,7 +23,9 @@ for the metadata of its own topics (one request, auto-creation off) and
 checks the positions of the consumers it follows. Evidence of a lost broker:
 a topic missing, a topic whose partition count changed (auto-created by some
 client with the broker's default), a followed partition whose high
-watermark is below our position, or a record we wrote landing at a lower
+watermark is below our position at the same position two checks in a row
+(stuck beyond the end: one sighting under a burst of writes was a lagging
+high watermark, not a restart), or a record we wrote landing at a lower
 offset than one we wrote before (:meth:`TopicKeeper.wrote`): whoever
 recreated the topics first, every service sees one of these. Then it logs **one** ``broker_restarted``
 warning per incident with the evidence, recreates the topics
@@ -61,9 +63,9 @@ log = structlog.get_logger("broker")
 _UNKNOWN_TOPIC = 3
 
 
-async def truncated(consumer, timeout_s: float = 0.5) -> list:
-    """Assigned partitions whose high watermark is below the consumer's position."""
-    out = []
+async def truncated(consumer, timeout_s: float = 0.5) -> dict:
+    """Assigned partitions whose high watermark is below the consumer's position: tp -> position."""
+    out = {}
     for tp in consumer.assignment():
         high = consumer.highwater(tp)
         if high is None:
@@ -72,7 +74,7 @@ async def truncated(consumer, timeout_s: float = 0.5) -> list:
         with contextlib.suppress(Exception):  # no position now: nothing to compare
             pos = await asyncio.wait_for(consumer.position(tp), timeout_s)
         if pos is not None and high < pos:
-            out.append(tp)
+            out[tp] = pos
     return out
 
 
@@ -105,6 +107,8 @@ class TopicKeeper(Background):
         self._pending: list[str] | None = None
         self._written: dict = {}
         self._went_back: list[str] = []
+        #: Partitions seen beyond their high watermark at the last check: tp -> position.
+        self._beyond: dict = {}
         self.task_name = f"{service}-topic-keeper"
 
     def known(self, counts: Mapping[str, int]) -> None:
@@ -142,15 +146,27 @@ class TopicKeeper(Background):
         evidence += [f"missing {t}" for t in sorted(specs) if t not in counts]
         evidence += [f"partitions of {t}: {self._counts[t]} -> {n}" for t, n in counts.items()
                      if t in self._counts and n != self._counts[t]]
+        seen: dict = {}
         for consumer in self.follow():
             if consumer is None:
                 continue
-            beyond = await truncated(consumer)
+            found = await truncated(consumer)
+            seen.update(found)
+            # Evidence only when a consumer is stuck beyond the end: the same
+            # position, above the high watermark, at two checks in a row. One
+            # sighting is not enough: under a burst of writes the broker's
+            # high watermark in a fetch answer can lag the records it just
+            # returned, and a client that took that for a restart declared
+            # thousands of requests in flight lost while nothing was.
+            beyond = [tp for tp, pos in found.items() if self._beyond.get(tp) == pos]
             evidence += [f"high watermark of {tp.topic}[{tp.partition}] below our position"
                          for tp in beyond]
             if beyond:
                 with contextlib.suppress(Exception):  # revoked meanwhile: its owner resets
                     await consumer.seek_to_beginning(*beyond)
+                for tp in beyond:
+                    seen.pop(tp, None)
+        self._beyond = seen
         return evidence
 
     async def recover(self, evidence: list[str]) -> bool:
