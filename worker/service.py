@@ -547,7 +547,7 @@ class WorkerService(Service):
             # not list it again after its batch_done.
             self._forget(batch.id)
             with contextlib.suppress(KafkaError):
-                await self._announce_done(batch, ok, sum(s.seconds for s in served),
+                await self._announce_done(batch, ok, service_s,
                                           service_ms=service_s * 1000, held_ms=held_ms)
         except Exception as e:  # noqa: BLE001 - a batch must never take the worker down
             # Left uncommitted: the next owner of the partition serves it again.
