@@ -29,6 +29,7 @@ Spec strings: ``"fake"`` or ``"fake:dim=32,ms_per_token=0.05"`` (keys: ``dim``,
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -172,19 +173,13 @@ class FakeEmbedder(Embedder):
         if len(self._index) + sum(map(len, split)) > _TABLE_WORDS:
             self._index.clear()  # start afresh before this call's words, never during
         index = self._index
-        rows: list[int] = []
-        starts: list[int] = []
-        ids: list[int] = []
-        for row, words in enumerate(split):
-            if not words:
-                continue
-            rows.append(row)
-            starts.append(len(ids))
-            for w in words:
-                i = index.get(w)
-                if i is None:
-                    i = self._learn(w)
-                ids.append(i)
+        rows = [row for row, words in enumerate(split) if words]
+        starts = list(itertools.accumulate((len(split[r]) for r in rows[:-1]), initial=0))
+        flat = [w for r in rows for w in split[r]]
+        try:
+            ids = [index[w] for w in flat]
+        except KeyError:  # words not seen yet: learn them, in order
+            ids = [index[w] if w in index else self._learn(w) for w in flat]
         if ids:
             sums = np.add.reduceat(self._table[ids], starts, axis=0)
             vectors[rows] = sums if options.normalize is False else _unit_rows(sums)

@@ -18,7 +18,7 @@ import numpy as np
 from schemas.messages import EmbedInput, RerankInput
 from schemas.options import truncate_of
 from schemas.vectors import result_fields
-from worker.interface import EncodeOptions, TruncateSide
+from worker.interface import DEFAULT_OPTIONS, EncodeOptions, TruncateSide
 from worker.quantize import needs_ranges, quantize
 
 __all__ = [
@@ -43,12 +43,17 @@ def truncate_side(inp: EmbedInput | RerankInput) -> TruncateSide:
 
 def encode_options(inp: EmbedInput) -> EncodeOptions:
     """How the model embeds ``inp``'s texts."""
+    if inp.prompt is None and inp.normalize is None and inp.dimensions is None \
+            and inp.truncate == "end":
+        return DEFAULT_OPTIONS  # most requests: no per-request object
     return EncodeOptions(prompt=inp.prompt, truncate=truncate_side(inp),
                          normalize=inp.normalize, dimensions=inp.dimensions)
 
 
 def embedding_types(inp: EmbedInput) -> list[str]:
     """The types the result carries, in the order asked (default: float)."""
+    if not inp.embedding_types:
+        return ["float"]
     return list(dict.fromkeys(inp.embedding_types or ["float"]))
 
 
@@ -58,6 +63,8 @@ def calibration_options(inp: EmbedInput) -> EncodeOptions | None:
     Everything that moves the ranges (prompt, normalisation, dimensions),
     and not the truncation side: the calibration texts are short.
     """
+    if not inp.embedding_types:
+        return None
     if not any(needs_ranges(t) for t in embedding_types(inp)):
         return None
     return EncodeOptions(prompt=inp.prompt, normalize=inp.normalize, dimensions=inp.dimensions)
@@ -72,6 +79,10 @@ def embedding_fields(vectors: np.ndarray, inp: EmbedInput,
     vectors = np.asarray(vectors, dtype=np.float32)
     if vectors.ndim != 2:
         vectors = vectors.reshape(len(vectors), -1)
+    if not inp.embedding_types and inp.encoding == "float":
+        # Most requests: float vectors as numbers, what the general path
+        # below makes, without its per-type tables.
+        return {"embeddings": vectors.tolist(), "dimensions": int(vectors.shape[1])}
     arrays = {}
     for t in embedding_types(inp):
         arrays[t] = quantize(vectors, t, ranges() if needs_ranges(t) and ranges else None)

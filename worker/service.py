@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import os
 import socket
@@ -578,22 +579,30 @@ class WorkerService(Service):
         self._taken_s.pop(batch_id, None)
         self._taken_ms.pop(batch_id, None)
 
-    def _result_written(self, s: Served, now: float) -> None:
-        """A result was acknowledged: count it, time it, log its outcome (once, here)."""
-        req, status = s.request, s.result.status
-        self._results_counter(status).inc()
-        self.stats.results[status] += 1
-        if status == "ok":
-            tier = req.tier if req.tier in self._tiers else "unknown"
-            self._latency(tier).observe(max(0.0, now - req.admitted_ms / 1000))
-            if debug_enabled():
-                log.debug("request_served", request_id=req.id, org=req.org, tier=req.tier,
-                          tokens=req.tokens, inference_ms=s.result.inference_ms)
-            return
-        level = "info" if status == "expired" else "warning"
-        self._sampler.log(log, level, f"request_{status}", now * 1000, request_id=req.id,
-                          org=req.org, tier=req.tier, reason=s.result.reason,
-                          message=(s.result.message or "")[:300])
+    def _results_written(self, written: list[Served], now: float) -> None:
+        """Results acknowledged: count them, time them, log each outcome (once, here).
+
+        Per write, not per result: one counter step per status, the debug
+        check once.
+        """
+        by_status = collections.Counter(s.result.status for s in written)
+        for status, n in by_status.items():
+            self._results_counter(status).inc(n)
+            self.stats.results[status] += n
+        debug = debug_enabled()
+        for s in written:
+            req, status = s.request, s.result.status
+            if status == "ok":
+                tier = req.tier if req.tier in self._tiers else "unknown"
+                self._latency(tier).observe(max(0.0, now - req.admitted_ms / 1000))
+                if debug:
+                    log.debug("request_served", request_id=req.id, org=req.org, tier=req.tier,
+                              tokens=req.tokens, inference_ms=s.result.inference_ms)
+                continue
+            level = "info" if status == "expired" else "warning"
+            self._sampler.log(log, level, f"request_{status}", now * 1000, request_id=req.id,
+                              org=req.org, tier=req.tier, reason=s.result.reason,
+                              message=(s.result.message or "")[:300])
 
     def _publish(self, req, result: Result) -> None:
         fmt = req.reply_format
@@ -605,12 +614,9 @@ class WorkerService(Service):
         failed: list[BaseException] = []
         for done, w in written:
             outcomes = await w.outcomes()
-            now = time.time()
-            for s, error in zip(done, outcomes, strict=True):
-                if error is None:
-                    self._result_written(s, now)
-                else:
-                    failed.append(error)
+            written_ok = [s for s, error in zip(done, outcomes, strict=True) if error is None]
+            failed.extend(error for error in outcomes if error is not None)
+            self._results_written(written_ok, time.time())
         if failed:
             # The offset stays uncommitted: a restart (or the next owner) serves it again.
             self.metrics.failures.labels(self.endpoint, "result_send").inc(len(failed))
