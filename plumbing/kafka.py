@@ -39,6 +39,7 @@ from plumbing.broker import EmbeddedBroker
 
 __all__ = [
     "KafkaSettings",
+    "Producer",
     "add_kafka_arguments",
     "close_clients",
     "consumer_lag",
@@ -178,7 +179,44 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
 # -- clients -------------------------------------------------------------------
 
 
-def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:
+class Producer(AIOKafkaProducer):
+    """aiokafka's producer, with every topic it writes to kept in its metadata.
+
+    aiokafka refreshes metadata only for the topics ``client.add_topic`` was
+    called for, and its ``send``/``send_batch`` call it only for a topic its
+    metadata does not know yet. Its bootstrap metadata knows every topic, so
+    a topic that existed when the producer started is written to untracked;
+    the first write to a topic created since (a reply topic) then narrows
+    the refresh to the tracked topics, and the untracked one loses its
+    partition leaders. A batch already handed over for it waits for a
+    leader until the produce timeout and fails with aiokafka's own
+    ``NotLeaderForPartitionError`` (the broker answered every request). In
+    two of five runs of ``bench/overload.py`` admission's tier writes stalled
+    that way for 4-5 s when its first refusal's reply topic was new to its
+    producer (with ``SF_LOG_LEVEL_AIOKAFKA=debug``: ~600 metadata refreshes a
+    second naming only the reply topic; ``tests/integration/test_broker.py``
+    shows the lost leaders).
+    Tracking each topic on its first write keeps it in every refresh.
+    """
+
+    def _track(self, topic: str) -> None:
+        if topic not in self.client._topics:  # aiokafka offers no public test for it
+            self.client.add_topic(topic)
+
+    async def send(self, topic, *args, **kwargs):
+        self._track(topic)
+        return await super().send(topic, *args, **kwargs)
+
+    async def send_batch(self, batch, topic, *, partition):
+        self._track(topic)
+        return await super().send_batch(batch, topic, partition=partition)
+
+    async def partitions_for(self, topic):
+        self._track(topic)
+        return await super().partitions_for(topic)
+
+
+def make_producer(settings: KafkaSettings, **overrides: Any) -> Producer:
     """A producer with our delivery and latency defaults; call inside a coroutine."""
     kwargs: dict[str, Any] = {
         "bootstrap_servers": settings.require_bootstrap(),
@@ -191,7 +229,7 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
         "retry_backoff_ms": settings.retry_backoff_ms,
         **_security_kwargs(settings),
     }
-    return AIOKafkaProducer(**(kwargs | overrides))
+    return Producer(**(kwargs | overrides))
 
 
 def make_consumer(

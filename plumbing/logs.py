@@ -26,7 +26,8 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
 
     ``json=None`` chooses JSON when ``stream`` is not a TTY (services under a
     supervisor, CI, docker) and a readable console format otherwise.
-    ``SF_LOG_LEVEL`` and ``SF_LOG_JSON`` (``1``/``0``) override the defaults.
+    ``SF_LOG_LEVEL`` and ``SF_LOG_JSON`` (``1``/``0``) override the defaults;
+    ``SF_LOG_LEVEL_AIOKAFKA`` (WARNING by default) is aiokafka's own level.
     Every line names its ``logger`` (``admission``, ``scheduler``, ``worker``,
     ``aiokafka``...), so the services can share one file. Lines of libraries
     that log through the standard library (aiokafka's warnings) are rendered
@@ -68,6 +69,10 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer]))
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+    # Every request and response, every metadata update: what found the
+    # producer that lost its metadata (plumbing.kafka.Producer). Heavy.
+    logging.getLogger("aiokafka").setLevel(
+        os.environ.get("SF_LOG_LEVEL_AIOKAFKA", "WARNING").upper())
 
 
 def _add_logger_name(logger, method_name: str, event_dict: dict) -> dict:

@@ -196,3 +196,29 @@ async def test_flags_override_env_and_embedded_endpoint_works() -> None:
     async with kafka_endpoint(settings) as bootstrap:
         live = msgspec.structs.replace(settings, bootstrap=bootstrap)
         assert await ensure_topics(live, {"e.t": 1}) == {"e.t": 1}
+
+
+async def test_a_producer_keeps_the_topics_it_writes_to_after_writing_to_a_new_one(
+        kafka_settings: KafkaSettings, topic_prefix: str) -> None:
+    """aiokafka tracks in its metadata only the topics ``add_topic`` was called
+    for; a topic the producer found in its bootstrap metadata (all topics) is
+    written to untracked. The first write to a new topic (a reply topic)
+    narrows the metadata requests to the tracked topics: the untracked one
+    loses its leaders, and a batch for it waits until the produce timeout,
+    then fails with aiokafka's own ``NotLeaderForPartitionError`` (an
+    overload run stalled 4-5 s that way; Tansu had answered every request).
+    """
+    old, new = f"{topic_prefix}tier", f"{topic_prefix}reply"
+    await ensure_topics(kafka_settings, {old: 2})
+    producer = make_producer(msgspec.structs.replace(kafka_settings, produce_timeout_ms=3000))
+    await producer.start()
+    try:
+        await producer.send_and_wait(old, b"first", partition=1)
+        await ensure_topics(kafka_settings, {new: 1})  # created after the producer started
+        await producer.send_and_wait(new, b"reply")
+        assert producer.client.cluster.leader_for_partition(TopicPartition(old, 1)) is not None, \
+            f"{old} dropped from the producer's metadata after its first write to {new}"
+        async with asyncio.timeout(10):  # the produce timeout is 3 s: a stuck batch fails first
+            await producer.send_and_wait(old, b"second", partition=1)
+    finally:
+        await producer.stop()
