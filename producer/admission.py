@@ -299,7 +299,7 @@ def _decide(
 
     limiter.acquire(req.org, req.endpoint, tokens, now_ms)
     throttle_state.note_admitted(endpoint=req.endpoint, tier=org.tier, org=req.org,
-                                 tokens=tokens)
+                                 tokens=tokens, at_ms=now_ms)
     return Admitted(
         request=AdmittedRequest(
             id=req.id, org=req.org, endpoint=req.endpoint, tier=org.tier, input=costed.input,

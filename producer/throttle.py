@@ -27,8 +27,10 @@ that must be served before it is done are
   org a turn for each of ``o``'s, so ``o`` waits for about its own backlog
   times the number of orgs, never for more than the whole tier,
 
-each counting what this instance admitted since the snapshot (a burst in
-one fetch is decided against one snapshot). Over ``tokens_per_s``, plus two
+each counting what this instance admitted that the snapshot does not show
+yet: admitted after the newest ``admitted_ms`` the scheduler had read when
+it took the snapshot (``admitted_through_ms``), i.e. still on the tier
+topic (a burst in one fetch is decided against one snapshot). Over ``tokens_per_s``, plus two
 measured batch times (``batch_ms``: work is served a batch at a time, so when
 the request's turn comes a batch may have just started, and then it is done
 when its own whole batch is), that is the predicted time to completion. With
@@ -73,6 +75,7 @@ restarted with a lower epoch is heard again once the old leader falls silent.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Mapping
 
@@ -146,15 +149,28 @@ class ThrottleState:
         #: snapshots take to show the backlog shrinking.
         self.overload_retry_ms = overload_retry_ms
         self.state: SchedulerState | None = None
-        #: Requests this instance admitted since ``state`` was taken.
+        #: Requests this instance admitted that ``state`` does not count yet.
         self.admitted_since = 0
         #: Their tokens, per endpoint, by ("tier", name) and ("org", name): one
         #: fetch of a burst is decided against one snapshot, and without
         #: these every request of it would see the same predicted wait.
         self.tokens_since: dict[str, dict[tuple[str, str], int]] = {}
+        #: The same admissions one by one, oldest first: (admitted_ms,
+        #: endpoint, tier, org, tokens, count), to take out those a snapshot
+        #: shows the scheduler has read.
+        self._pending: collections.deque[tuple] = collections.deque()
 
     def observe(self, state: SchedulerState, now_ms: float) -> bool:
-        """Take ``state`` if it is newer than the one held; True when taken."""
+        """Take ``state`` if it is newer than the one held; True when taken.
+
+        What this instance admitted stays counted on top of it unless the
+        scheduler had read it: those admitted up to the snapshot's
+        ``admitted_through_ms`` are in its figures, the later ones are still
+        on the tier topic. (Counting none of them let admission, at the
+        onset of an overload, admit a second time what the snapshot did not
+        show yet: the first second's accepted requests overshot the target.)
+        A snapshot without that stamp counts everything, as before it existed.
+        """
         cur = self.state
         if (
             cur is None
@@ -163,20 +179,44 @@ class ThrottleState:
             or (state.epoch == cur.epoch and state.sent_ms >= cur.sent_ms)
         ):
             self.state = state
-            self.admitted_since = 0
-            self.tokens_since = {}
+            through = state.admitted_through_ms
+            if through is None:
+                self._pending.clear()
+                self.admitted_since = 0
+                self.tokens_since = {}
+            else:
+                while self._pending and (self._pending[0][0] is None
+                                         or self._pending[0][0] <= through):
+                    self._forget(*self._pending.popleft()[1:])
             return True
         return False
 
     def note_admitted(self, count: int = 1, *, endpoint: str | None = None,
-                      tier: str | None = None, org: str | None = None, tokens: int = 0) -> None:
-        """Count an admission until the next snapshot (with its tokens, for the throttle)."""
+                      tier: str | None = None, org: str | None = None, tokens: int = 0,
+                      at_ms: int | None = None) -> None:
+        """Count an admission until a snapshot counts it (with its tokens, for the throttle).
+
+        ``at_ms`` is the request's ``admitted_ms``; None: counted until the next snapshot.
+        """
         self.admitted_since += count
         if endpoint is not None and tokens:
             since = self.tokens_since.setdefault(endpoint, {})
             for key in (("tier", tier), ("org", org)):
                 if key[1] is not None:
                     since[key] = since.get(key, 0) + tokens
+        self._pending.append((at_ms, endpoint, tier, org, tokens, count))
+
+    def _forget(self, endpoint: str | None, tier: str | None, org: str | None, tokens: int,
+                count: int) -> None:
+        self.admitted_since -= count
+        if endpoint is None or not tokens:
+            return
+        since = self.tokens_since.get(endpoint, {})
+        for key in (("tier", tier), ("org", org)):
+            if key[1] is not None and key in since:
+                since[key] -= tokens
+                if since[key] <= 0:
+                    del since[key]
 
     def is_fresh(self, now_ms: float) -> bool:
         return self.state is not None and now_ms - self.state.sent_ms <= self.stale_after_ms

@@ -118,6 +118,10 @@ class TierIntake:
         self.offsets = OffsetTracker()
         self.assigned: set[TopicPartition] = set()
         self.paused = False
+        #: The newest ``admitted_ms`` read so far: the snapshot's
+        #: ``admitted_through_ms`` (admission's throttle counts what it
+        #: admitted after it as still on its way).
+        self.admitted_through_ms: int | None = None
         self._origin: dict[str, tuple[TopicPartition, int]] = {}
         self._end_offsets: dict[TopicPartition, int] = {}
         self._consumer = None
@@ -237,6 +241,8 @@ class TierIntake:
                                         max_bytes=self.config.service.max_message_bytes)
         except DecodeError as e:
             return e.reason, str(e)
+        if self.admitted_through_ms is None or req.admitted_ms > self.admitted_through_ms:
+            self.admitted_through_ms = req.admitted_ms
         lane = self.core.lanes.get(req.endpoint)
         if lane is None:
             return "unknown_endpoint", f"endpoint {req.endpoint!r} is not configured"

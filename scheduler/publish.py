@@ -40,7 +40,8 @@ class LaneGauges(NamedTuple):
 
 def snapshot(now: float, *, core: Scheduler, flow: FlowControl, backlog: Backlog,
              rates: ServiceRate, dispatcher: Dispatcher, epoch: int, top_orgs: int,
-             costs=None) -> tuple[SchedulerState, list[LaneGauges]]:
+             costs=None, admitted_through_ms: int | None = None,
+             ) -> tuple[SchedulerState, list[LaneGauges]]:
     """The snapshot to publish and each lane's gauges, as of ``now`` (epoch seconds)."""
     lanes: dict[str, LaneState] = {}
     gauges: list[LaneGauges] = []
@@ -64,5 +65,6 @@ def snapshot(now: float, *, core: Scheduler, flow: FlowControl, backlog: Backlog
             sum(batches) / len(batches) / 1000 if batches else 0.0,
             sum(len(w.unreleased()) for w in workers)))
     state = SchedulerState(sent_ms=int(now * 1000), lanes=lanes, held_requests=core.held,
-                           epoch=epoch, costs=costs or {})
+                           epoch=epoch, costs=costs or {},
+                           admitted_through_ms=admitted_through_ms)
     return state, gauges

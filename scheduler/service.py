@@ -586,7 +586,8 @@ class SchedulerService(Service):
         state, gauges = snapshot(now, core=self.core, flow=self.flow, backlog=self.backlog,
                                  rates=self.rates, dispatcher=self.dispatcher, epoch=self.epoch,
                                  top_orgs=self.settings.state_top_orgs,
-                                 costs=self.handover.export(self.core))
+                                 costs=self.handover.export(self.core),
+                                 admitted_through_ms=self.intake.admitted_through_ms)
         m = self.metrics
         for g in gauges:
             ep = g.endpoint

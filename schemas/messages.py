@@ -342,6 +342,11 @@ class SchedulerState(Message, kw_only=True):
     held_requests: Int64
     epoch: Int64 = 0
     costs: dict[str, CostState] = {}
+    #: The newest ``admitted_ms`` among the requests the scheduler had read
+    #: when it took the snapshot: admission counts on top of the snapshot
+    #: only what it admitted after that (still on the tier topic). None:
+    #: nothing read yet, or a scheduler from before this field.
+    admitted_through_ms: EpochMs | None = None
 
 
 class LeaderClaim(Message, kw_only=True):

@@ -183,3 +183,42 @@ def test_batches_at_the_workers_count_ahead_of_every_tier():
     args = {"endpoint": "embed", "tier": "standard", "org": "quiet", "tokens": 10}
     idle_ms = predict_wait_ms(state, CFG, **args)
     assert predict_wait_ms(busy, CFG, **args) == idle_ms + 500  # 1000 tokens/s
+
+
+def _quiet_lane_snapshot(sent_ms: int, through: int | None) -> SchedulerState:
+    state = snapshot(sent_ms=sent_ms, held={}, active={"standard": 1}, org_held={},
+                     held_requests=0)
+    state.admitted_through_ms = through
+    return state
+
+
+def test_a_snapshot_counts_only_what_the_scheduler_had_read():
+    """Admitted after the snapshot's admitted_through_ms: still on the tier topic, still counted.
+
+    At the onset of an overload the snapshot after a big step did not show
+    that step yet; forgetting it admitted the step's worth again.
+    """
+    ts = fresh(_quiet_lane_snapshot(NOW_MS, None))
+    for i in range(6):  # 6 x 100 tokens, admitted 10 ms apart
+        ts.note_admitted(endpoint="embed", tier="standard", org="bulk", tokens=100,
+                         at_ms=NOW_MS + 10 * i)
+    # The scheduler has read the first three (admitted_ms up to NOW_MS + 20).
+    assert ts.observe(_quiet_lane_snapshot(NOW_MS + 100, NOW_MS + 20), NOW_MS + 100)
+    assert ts.admitted_since == 3
+    assert ts.tokens_since["embed"] == {("tier", "standard"): 300, ("org", "bulk"): 300}
+    wait = predict_wait_ms(ts.state, CFG, endpoint="embed", tier="standard", org="bulk",
+                           tokens=10, since=ts.tokens_since["embed"])
+    assert wait == 310.0  # (300 in transit + 10) tokens at 1000/s
+    # Then all of them: nothing left on top of the snapshot.
+    assert ts.observe(_quiet_lane_snapshot(NOW_MS + 200, NOW_MS + 50), NOW_MS + 200)
+    assert ts.admitted_since == 0 and ts.tokens_since["embed"] == {}
+    assert ts.held_estimate() == 0
+
+
+def test_a_snapshot_without_the_stamp_forgets_everything_admitted_before_it():
+    """A scheduler from before admitted_through_ms: counted until the next snapshot, as before."""
+    ts = fresh(_quiet_lane_snapshot(NOW_MS, None))
+    ts.note_admitted(endpoint="embed", tier="standard", org="bulk", tokens=100, at_ms=NOW_MS)
+    ts.note_admitted(endpoint="embed", tier="standard", org="bulk", tokens=100)
+    assert ts.observe(_quiet_lane_snapshot(NOW_MS + 100, None), NOW_MS + 100)
+    assert ts.admitted_since == 0 and ts.tokens_since == {}
