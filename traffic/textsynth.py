@@ -35,10 +35,11 @@ from collections.abc import Callable, Sequence
 from schemas.messages import EmbedInput, Input, RerankInput
 from tokens.counting import TokenCounter
 
-__all__ = ["SynthError", "TextSynth"]
+__all__ = ["COMMON_WORDS", "SynthError", "TextSynth"]
 
-# Common English words. Those the tokenizer counts as one token are used.
-_WORDS = (  # noqa: SIM905 - a word list reads better as one string
+#: Common English words. Those the tokenizer counts as one token are used
+#: (here, and by ``bench/batching.py`` for texts of exact token counts).
+COMMON_WORDS = (  # noqa: SIM905 - a word list reads better as one string
     "the of and to in is was for on that with as by at from his her an it they this be are "
     "which or had not but have one all were their there been if more when who will no out so "
     "up can what about into than them only other new some could time these two may then do "
@@ -84,7 +85,7 @@ class TextSynth:
         self.base = counter.count([""])[0]
         #: Tokens of an empty (query, document) pair.
         self.pair_base = counter.count_pairs("", [""])[0]
-        words = sorted(set(_WORDS))
+        words = sorted(set(COMMON_WORDS))
         counts = counter.count(words)
         self.words = [w for w, n in zip(words, counts, strict=True) if n == self.base + 1]
         if len(self.words) < _MIN_WORDS:
