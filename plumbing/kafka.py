@@ -112,8 +112,9 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     max_batch_size: Bytes = 1 * _MiB
     # How long a produce may take, retries of retriable errors included, before
     # it fails and the service's own retry takes over (aiokafka's default is
-    # 40 s: a produce Tansu kept answering NotLeaderForPartition stalled a
-    # whole admission step for 40 s). Producers only: a consumer's JoinGroup
+    # 40 s: a batch whose partition had lost its leader in the producer's
+    # metadata stalled a whole admission step that long, see Producer).
+    # Producers only: a consumer's JoinGroup
     # may legitimately wait longer than this on a real cluster.
     produce_timeout_ms: PositiveMs = 5000
     # Pause between retries of a failed produce (aiokafka's default).
