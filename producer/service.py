@@ -107,7 +107,9 @@ class AdmissionSettings(ServiceSettings, frozen=True):
 
     max_step_records: Annotated[int, doc(
         "Records decided per step, one (partition, org) group at a time in turn "
-        "(producer/readahead.py); a step's writes go out together.", ge=1)] = 500
+        "(producer/readahead.py); a step's writes go out together. A record fetched "
+        "while a step is decided waits for it: 100 keeps that wait a few ms under a "
+        "burst (docs/design.md).", ge=1)] = 100
     max_step_bytes: Annotated[int, doc(
         "Bytes of input a step holds at most: under a burst of long texts a step's "
         "writes stay small, and a quiet org's record decided in the next step does not "
