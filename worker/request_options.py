@@ -54,7 +54,7 @@ def embedding_types(inp: EmbedInput) -> list[str]:
     """The types the result carries, in the order asked (default: float)."""
     if not inp.embedding_types:
         return ["float"]
-    return list(dict.fromkeys(inp.embedding_types or ["float"]))
+    return list(dict.fromkeys(inp.embedding_types))
 
 
 def calibration_options(inp: EmbedInput) -> EncodeOptions | None:
