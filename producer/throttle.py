@@ -31,8 +31,8 @@ each counting what this instance admitted that the snapshot does not show
 yet: admitted after the newest ``admitted_ms`` the scheduler had read when
 it took the snapshot (``admitted_through_ms``), i.e. still on the tier
 topic (a burst in one fetch is decided against one snapshot). Over
-``tokens_per_s``, plus two measured batch times (``batch_ms``: work is served a batch at a time, so when
-the request's turn comes a batch may have just started, and then it is done
+``tokens_per_s``, plus two measured batch times (``batch_ms``: work is
+served a batch at a time, so when the request's turn comes a batch may have just started, and then it is done
 when its own whole batch is), that is the predicted time to completion. With
 one batch time the accepted requests' p99 overshot the target by about a
 batch (``bench/overload.py``: 2,542 ms against 2,000). It is compared with the time
