@@ -29,21 +29,22 @@ that must be served before it is done are
 
 each counting what this instance admitted that the snapshot does not show
 yet: admitted after the newest ``admitted_ms`` the scheduler had read when
-it took the snapshot (``admitted_through_ms``), i.e. still on the tier
-topic (a burst in one fetch is decided against one snapshot). Over
+it took the snapshot (``admitted_through_ms``), i.e. still on the tier topic
+(a burst in one fetch is decided against one snapshot). Over
 ``tokens_per_s``, plus two measured batch times (``batch_ms``: work is
-served a batch at a time, so when the request's turn comes a batch may have just started, and then it is done
-when its own whole batch is), that is the predicted time to completion. With
-one batch time the accepted requests' p99 overshot the target by about a
-batch (``bench/overload.py``: 2,542 ms against 2,000). It is compared with the time
-left to the request's deadline when it has one, else with the endpoint's
-``latency_target_ms`` less the time the request already waited before
-admission (since its ``created_ms``). A burst is throttled (its own
-backlog grows with it); a quiet org is not (its own backlog is empty). An
-org absent from ``org_held_tokens`` (which lists only the top few) is taken
-to hold nothing: the list's floor is an upper bound, and erring towards
-admission is what a quiet org needs. The retry-after is the time the backlog
-needs, at the measured rate, to shrink until the request would fit.
+served a batch at a time, so when the request's turn comes a batch may have
+just started, and then it is done when its own whole batch is), that is the
+predicted time to completion. With one batch time the accepted requests' p99
+overshot the target by about a batch (``bench/overload.py``: 2,542 ms
+against 2,000). It is compared with the time left to the request's deadline
+when it has one, else with the endpoint's ``latency_target_ms`` less the
+time the request already waited before admission (since its ``created_ms``).
+A burst is throttled (its own backlog grows with it); a quiet org is not
+(its own backlog is empty). An org absent from ``org_held_tokens`` (which
+lists only the top few) is taken to hold nothing: the list's floor is an
+upper bound, and erring towards admission is what a quiet org needs. The
+retry-after is the time the backlog needs, at the measured rate, to shrink
+until the request would fit.
 
 Lower tiers' ``min_share`` is ignored: it only shortens a lower tier's wait,
 so the prediction stays an upper bound.
