@@ -63,7 +63,8 @@ When the snapshot cannot be trusted
   snapshot (none are being served while the scheduler is gone), so an
   admission instance in front of a dead scheduler still stops at
   ``max_held_requests`` instead of filling Kafka without bound. A fresh
-  snapshot resets the count.
+  snapshot takes out of the count what the scheduler had read by then
+  (``admitted_through_ms``; all of it from a snapshot without the stamp).
 
 Staleness compares the scheduler's ``sent_ms`` with this host's clock, so
 hosts need synchronized clocks (deadlines already assume it); a snapshot
@@ -158,7 +159,8 @@ class ThrottleState:
         self.tokens_since: dict[str, dict[tuple[str, str], int]] = {}
         #: The same admissions one by one, oldest first: (admitted_ms,
         #: endpoint, tier, org, tokens, count), to take out those a snapshot
-        #: shows the scheduler has read.
+        #: shows the scheduler has read. As long as ``admitted_since``: the
+        #: overload check stops admitting at ``max_held_requests``.
         self._pending: collections.deque[tuple] = collections.deque()
 
     def observe(self, state: SchedulerState, now_ms: float) -> bool:
