@@ -12,11 +12,13 @@ itself once a stop is requested, after settling what it holds: admission
 settles its steps, a worker finishes its batches), :meth:`Service.tasks`
 (loops beside it, cancelled once it ended), :meth:`Service.close` (commit,
 leave, disconnect), :meth:`Service.totals_fields` (the figures of its
-``<name>_totals`` and ``<name>_stopped`` lines), :meth:`Service.readiness`
-and :meth:`Service.apply` (a new configuration; refusing is the default).
-What is the same lives here: the telemetry endpoint, the periodic totals
-line, the configuration file watch (SIGHUP and a changed modification
-time), the broker watch and topic keeper's start and stop, signal handlers,
+``<name>_totals`` and ``<name>_stopped`` lines), :meth:`Service.ready`
+(what readiness needs beyond a start and a broker that answers) and
+:meth:`Service.apply` (a new configuration; refusing is the default).
+What is the same lives here: the telemetry endpoint and its readiness, the
+periodic totals line, the configuration file watch (SIGHUP and a changed
+modification time), the broker watch (:meth:`Service.watch_broker`) and the
+topic keeper's start and stop, signal handlers,
 and the command's main (:func:`serve`): embedded broker or cluster, signals
 installed before start, exit status.
 """
@@ -33,6 +35,7 @@ from typing import Any, Self
 import msgspec
 from prometheus_client import CollectorRegistry
 
+from plumbing.brokerwatch import BrokerWatch
 from plumbing.kafka import KafkaSettings, kafka_endpoint
 from plumbing.logs import get_logger
 from plumbing.settings import ServiceSettings
@@ -93,6 +96,8 @@ class Service(StartStop):
         #: Parts with a start/stop of their own (broker watch, topic keeper...),
         #: stopped in reverse order by :meth:`stop`.
         self._parts: list[Any] = []
+        #: Set by :meth:`watch_broker`: not ready while it says the broker is gone.
+        self.broker_watch: BrokerWatch | None = None
 
     # -- hooks -------------------------------------------------------------------
 
@@ -115,7 +120,16 @@ class Service(StartStop):
         return {}
 
     def readiness(self) -> tuple[bool, str]:
-        return self.started, "ok" if self.started else "not started"
+        """``(ready, why)`` for /readyz: started, the broker answering, and :meth:`ready`."""
+        if not self.started:
+            return False, "not started"
+        if self.broker_watch is not None and not (b := self.broker_watch.status())[0]:
+            return b
+        return self.ready()
+
+    def ready(self) -> tuple[bool, str]:
+        """What else this service needs before it takes traffic (partitions, leadership)."""
+        return True, "ok"
 
     async def apply(self, config) -> None:
         """Install a new configuration; raise ConfigError to refuse it.
@@ -137,6 +151,10 @@ class Service(StartStop):
             self._config_mtime = self._mtime()
         await self.open()
         self.started = True
+
+    def watch_broker(self, client, topic: str, gauge) -> None:
+        """Probe the broker through ``client`` with ``topic``'s metadata while serving."""
+        self.broker_watch = self.keep(BrokerWatch(client, topic, service=self.name, gauge=gauge))
 
     def keep(self, part):
         """Start ``part`` (a BrokerWatch, a TopicKeeper...) and stop it with the service."""

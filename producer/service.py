@@ -46,13 +46,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from prometheus_client import CollectorRegistry
 
-from plumbing.brokerwatch import BrokerWatch
 from plumbing.deadletter import dead_letter
 from plumbing.kafka import (
     KafkaSettings,
@@ -69,13 +68,14 @@ from plumbing.offsets import OffsetTracker
 from plumbing.outbox import Outbox
 from plumbing.rebalance import Rebalance
 from plumbing.service import Service, serve
-from plumbing.settings import ServiceSettings, SettingsError, doc
+from plumbing.service_settings import AdmissionSettings
+from plumbing.settings import SettingsError
 from plumbing.settings import add_arguments as add_settings_arguments
 from plumbing.settings import from_args as settings_from_args
 from plumbing.state_follower import StateFollower
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
-from producer.admission import Admitted, DeadLetterReason, Outcome, Refused, decide
+from producer.admission import Admission, Admitted, DeadLetterReason, Outcome, Refused
 from producer.metrics import AdmissionMetrics, LogSampler
 from producer.ratelimit import RateLimiter
 from producer.readahead import ReadAhead
@@ -96,54 +96,6 @@ _dead_codec = codec_for(DeadLetter)
 _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", b"application/msgpack")]
 
-
-
-class AdmissionSettings(ServiceSettings, frozen=True):
-    """Tuning of one admission instance; the registry itself is the Config.
-
-    Every field is also a flag (``--max-step-records``) and an environment
-    variable (``SF_ADMISSION_MAX_STEP_RECORDS``), see :mod:`plumbing.settings`.
-    """
-
-    max_step_records: Annotated[int, doc(
-        "Records decided per step, one (partition, org) group at a time in turn "
-        "(producer/readahead.py); a step's writes go out together. A record fetched "
-        "while a step is decided waits for it: 100 keeps that wait a few ms under a "
-        "burst (docs/design.md).", ge=1)] = 100
-    max_step_bytes: Annotated[int, doc(
-        "Bytes of input a step holds at most: under a burst of long texts a step's "
-        "writes stay small, and a quiet org's record decided in the next step does not "
-        "wait behind one large produce request.", ge=1)] = 256 * 1024
-    read_ahead_records: Annotated[int, doc(
-        "Fetched records held undecided at most. A quiet org's record fetched behind a "
-        "burst on its partition is decided in the next step instead of after the burst; "
-        "offsets are committed in log order all the same.", ge=1)] = 50_000
-    max_partition_fetch_bytes: Annotated[int, doc(
-        "Bytes read per ingress partition per fetch: large, so reading ahead past a "
-        "burst takes few fetches.", ge=1024)] = 1024 * 1024
-    steps_in_flight: Annotated[int, doc(
-        "Steps handed to the producer and not yet settled (acknowledged, offsets "
-        "released) while the next one is decided.", ge=1)] = 8
-    commit_interval_ms: Annotated[int, doc(
-        "At most one ingress commit per this interval while steps keep coming (a step "
-        "settled with none behind it is committed at once).", ge=0)] = 200
-    stop_settle_s: Annotated[float, doc(
-        "How long a stop waits for the steps in hand to be settled.", ge=0)] = 30.0
-    poll_timeout_ms: Annotated[int, doc(
-        "Longest wait for ingress records before checking for a stop request.",
-        ge=1)] = 100
-    state_stale_after_ms: Annotated[float | None, doc(
-        "Scheduler snapshots older than this do not throttle; unset: the larger of 5 s "
-        "and 20 scheduler intervals (service.state_interval_ms).")] = None
-    config_poll_ms: Annotated[int, doc(
-        "How often the configuration file's modification time is checked for a hot "
-        "reload; 0 reloads only on SIGHUP.", ge=0)] = 2_000
-    token_counter: Annotated[str | None, doc(
-        "Count tokens with this model spec for every endpoint instead of the "
-        "endpoint's model ('fake' counts words: tests and dry runs).")] = None
-    reply_send_attempts: Annotated[int, doc(
-        "Attempts for a result on a reply topic before it goes to the dead letters (a "
-        "reply topic may not exist on a cluster without auto-create).", ge=1)] = 3
 
 
 def _now_ms() -> int:
@@ -223,6 +175,8 @@ class AdmissionService(Service):
         self.totals: Counter[str] = Counter()
         self._sampler = LogSampler(s.log_lines_per_s)
         self._counters: dict[str, TokenCounter] = dict(token_counters or {})
+        #: Decides with these three, updated in place on a reload.
+        self._admission = Admission(self.limiter, self.throttle, self._counters)
         self._counter_specs: dict[str, TokenCounter] = {}
         self._producer = None
         self._outbox: Outbox | None = None
@@ -233,7 +187,6 @@ class AdmissionService(Service):
         self._offsets = OffsetTracker()
         self._generation: tuple[int, str] | None = None
         self._next_commit_s = 0.0
-        self._broker: BrokerWatch | None = None
         self.metrics.state_age.set_function(self._state_age_s)
 
     # -- lifecycle -------------------------------------------------------
@@ -257,9 +210,8 @@ class AdmissionService(Service):
             self.kafka, self.topics.scheduler_state, self._observe_state,
             since_s=self.throttle.stale_after_ms / 1000,
             on_undecodable=self._state_undecodable).start()
-        self._broker = self.keep(BrokerWatch(self._producer.client, self.topics.ingress,
-                                             service="admission",
-                                             gauge=self.metrics.broker_reachable))
+        self.watch_broker(self._producer.client, self.topics.ingress,
+                          self.metrics.broker_reachable)
         # A broker that lost its topics (a Tansu restart): recreate them, and
         # follow the new scheduler-state topic from its start.
         keeper = TopicKeeper(self.kafka, self._producer.client,
@@ -277,13 +229,9 @@ class AdmissionService(Service):
             await self._state.stop()
         await close_clients(self._consumer, self._producer)
 
-    def readiness(self) -> tuple[bool, str]:
-        """Ready once the producer runs and some ingress partition is assigned."""
-        if self._producer is None or self._consumer is None or not self.started:
-            return False, "not started"
-        if self._broker is not None and not (b := self._broker.status())[0]:
-            return b
-        if not self._consumer.assignment():
+    def ready(self) -> tuple[bool, str]:
+        """Ready once some ingress partition is assigned."""
+        if self._consumer is None or not self._consumer.assignment():
             return False, "no ingress partition assigned yet"
         return True, "ok"
 
@@ -416,8 +364,8 @@ class AdmissionService(Service):
 
     def _decide(self, rec, fetched_ms: int | None = None) -> list[_Send]:
         started = time.perf_counter()
-        outcome = decide(rec.value, rec.headers, rec.timestamp, self.config, self.limiter,
-                         self.throttle, self._counters, self.now_ms())
+        outcome = self._admission.decide(rec.value, rec.headers, rec.timestamp, self.config,
+                                         self.now_ms())
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         if isinstance(outcome, Admitted):
             outcome.request.fetched_ms = fetched_ms

@@ -8,16 +8,13 @@ tests turn them into sends, commits, logs and metrics.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
 
 from scheduler.batch_order import run_order
 from scheduler.entry import Entry
 from scheduler.lane import Dispatch, FifoLane, Lane, LaneStats
-from schemas.config import Config
+from schemas.config import Config, Policy
 
 __all__ = ["Policy", "Scheduler"]
-
-Policy = Literal["drr", "fifo"]
 
 
 class Scheduler:

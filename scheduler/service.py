@@ -53,7 +53,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 import structlog
@@ -62,7 +62,6 @@ from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 from structlog.contextvars import bound_contextvars
 
-from plumbing.brokerwatch import BrokerWatch
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -74,13 +73,14 @@ from plumbing.kafka import (
 from plumbing.kafka import settings_from_args as kafka_settings_from_args
 from plumbing.logs import LogSampler, configure_logging
 from plumbing.service import Service, serve
-from plumbing.settings import ServiceSettings, SettingsError, doc
+from plumbing.service_settings import SchedulerSettings
+from plumbing.settings import SettingsError
 from plumbing.settings import add_arguments as add_settings_arguments
 from plumbing.settings import from_args as settings_from_args
 from plumbing.state_follower import StateFollower
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
-from scheduler.core import Policy, Scheduler
+from scheduler.core import Scheduler
 from scheduler.dispatch import Dispatcher
 from scheduler.entry import Entry
 from scheduler.expiry import expire
@@ -106,39 +106,6 @@ _event_codec = codec_for(WorkerEvent)
 _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
 
-
-
-class SchedulerSettings(ServiceSettings, frozen=True):
-    """How the service runs (the fairness settings are in the configuration file).
-
-    Every field is also a flag (``--commit-interval-ms``) and an environment
-    variable (``SF_SCHEDULER_COMMIT_INTERVAL_MS``), see :mod:`plumbing.settings`.
-    """
-
-    policy: Annotated[Policy, doc(
-        "drr (fair) or fifo (the baseline, for comparisons).")] = "drr"
-    commit_interval_ms: Annotated[int, doc(
-        "How often tier offsets are committed. Lower replays less after a crash, at one "
-        "commit request per interval.", ge=1)] = 500
-    max_poll_records: Annotated[int, doc(
-        "Tier records taken per intake slice; also the most the held count can overshoot "
-        "max_held_requests by before the consumers pause.", ge=1)] = 500
-    state_top_orgs: Annotated[int, doc(
-        "Orgs listed in each lane's org_held_tokens snapshot.", ge=0)] = 20
-    linger_ms: Annotated[int, doc(
-        "Producer linger for batches and results. 0: a batch goes out the moment a "
-        "worker has credit.", ge=0)] = 0
-    leader_session_timeout_ms: Annotated[int | None, doc(
-        "Session of the leader group: a crashed leader is replaced about this long "
-        "(Tansu: ~1.5x) plus two group joins after it died; unset: the Kafka session "
-        "timeout. Apache Kafka refuses values below its group.min.session.timeout.ms "
-        "(6 s by default).")] = None
-    config_path: Annotated[str | None, doc(
-        "The configuration file, reloaded on SIGHUP and when its modification time "
-        "changes; unset: no file.")] = None
-    config_poll_ms: Annotated[int, doc(
-        "How often the file's modification time is checked; 0: on SIGHUP only.",
-        ge=0)] = 2_000
 
 
 def _full_batches(config: Config) -> dict[str, int]:
@@ -178,7 +145,6 @@ class SchedulerService(Service):
         #: snapshots and results.
         self._batch_producer = None
         self._event_consumer = None
-        self._broker: BrokerWatch | None = None
         self._sampler = LogSampler(self.settings.log_lines_per_s)
         self._rounds: dict[str, int] = {}
         self._next_state_s = 0.0
@@ -225,9 +191,8 @@ class SchedulerService(Service):
         await self._seek_recent_events()
         await self.election.start()
         self.keep(self._keeper)
-        self._broker = self.keep(BrokerWatch(self._producer.client, self.topics.worker_events,
-                                             service="scheduler",
-                                             gauge=self.metrics.broker_reachable))
+        self.watch_broker(self._producer.client, self.topics.worker_events,
+                          self.metrics.broker_reachable)
         self.log.info("scheduler_started", policy=self.settings.policy, instance=self.instance,
                       tiers=cfg.tier_names, endpoints=list(cfg.endpoints),
                       metrics_port=self._telemetry.port if self._telemetry else None)
@@ -260,11 +225,7 @@ class SchedulerService(Service):
         await close_clients(self._event_consumer, self._batch_producer, self._producer)
         self._event_consumer = self._producer = self._batch_producer = None
 
-    def readiness(self) -> tuple[bool, str]:
-        if self._producer is None:
-            return False, "producer not started"
-        if self._broker is not None and not (b := self._broker.status())[0]:
-            return b
+    def ready(self) -> tuple[bool, str]:
         if not self.leading:
             state = self.election.state if self.election is not None else "starting"
             return False, (f"standby ({state}): waiting for leadership; "

@@ -52,6 +52,7 @@ __all__ = [
     "CostModel",
     "Endpoint",
     "Org",
+    "Policy",
     "ServiceConfig",
     "Tier",
     "Window",
@@ -60,6 +61,8 @@ __all__ = [
 ]
 
 CostModel = Literal["requests", "tokens", "adaptive"]
+#: How the scheduler orders requests: drr (fair) or fifo (the baseline, for comparisons).
+Policy = Literal["drr", "fifo"]
 Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+\Z")]
 PositiveInt = Annotated[int, Meta(ge=1)]
 #: A prompt's name, as requests give it (``schemas.options.PromptName``).

@@ -46,14 +46,12 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Annotated
 
 import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from plumbing.brokerwatch import BrokerWatch
 from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import (
     KafkaSettings,
@@ -71,7 +69,8 @@ from plumbing.offsets import OffsetTracker
 from plumbing.outbox import Outbox, Written
 from plumbing.rebalance import Rebalance
 from plumbing.service import Service, serve
-from plumbing.settings import ServiceSettings, SettingsError, doc
+from plumbing.service_settings import WorkerSettings
+from plumbing.settings import SettingsError
 from plumbing.settings import add_arguments as add_settings_arguments
 from plumbing.settings import from_args as settings_from_args
 from plumbing.topickeeper import TopicKeeper
@@ -94,40 +93,6 @@ _event_codec = codec_for(WorkerEvent)
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
 _CONTENT_TYPE = {fmt: [("content-type", content_type(fmt).encode())] for fmt in ("json", "msgpack")}
 
-
-
-class WorkerSettings(ServiceSettings, frozen=True, kw_only=True):
-    """How one worker runs. The endpoint's batch limits come from the configuration.
-
-    Every field is also a flag (``--microbatch-size``) and an environment
-    variable (``SF_WORKER_MICROBATCH_SIZE``), see :mod:`plumbing.settings`.
-    """
-
-    endpoint: Annotated[str, doc("The endpoint this worker serves.")]
-    model: Annotated[str | None, doc(
-        "Model spec; unset: the endpoint's model ('fake' for tests).")] = None
-    slots: Annotated[int | None, doc(
-        "The most batches held at once whose credit is not returned; unset: "
-        "service.worker_slots.")] = None
-    worker_id: Annotated[str | None, doc(
-        "Unique per process; the scheduler counts credit by it (unset: "
-        "host-pid-random).")] = None
-    threads: Annotated[int | None, doc("torch intra-op threads; unset: torch's default.")] = None
-    device: Annotated[str | None, doc(
-        "cpu, cuda, cuda:1...; unset: CUDA when torch sees a GPU, else the CPU.")] = None
-    microbatch_tokens: Annotated[int, doc(
-        "Micro-batch budget in padded tokens (texts x longest text): bounds memory and "
-        "keeps the first results early.", ge=1)] = 4096
-    microbatch_size: Annotated[int, doc("Texts per micro-batch at most.", ge=1)] = 32
-    revoke_wait_s: Annotated[float, doc(
-        "How long a rebalance waits for batches in hand on revoked partitions, so they "
-        "commit here rather than run again elsewhere.", ge=0)] = 5.0
-    drain_s: Annotated[float, doc(
-        "How long a stop waits for the batches in hand to finish.", ge=0)] = 60.0
-    warm_up: Annotated[bool, doc(
-        "Run a few batches of different shapes before joining the group: the first calls "
-        "of a shape are slow (kernel selection, allocator growth), and the first real "
-        "requests should not pay for that.")] = True
 
 
 def warm_up(model, kind: str) -> None:
@@ -244,7 +209,6 @@ class WorkerService(Service):
         self._events_producer = None
         self._outbox: Outbox | None = None
         self._consumer = None
-        self._broker: BrokerWatch | None = None
         self._keeper: TopicKeeper | None = None
         self._sampler = LogSampler(settings.log_lines_per_s)
         self._tiers = frozenset(config.tier_names)
@@ -295,9 +259,7 @@ class WorkerService(Service):
         self._consumer.subscribe([self.batch_topic], listener=Rebalance(
             on_revoked=self._on_revoked, on_assigned=self._on_assigned))
         await self._consumer.start()
-        self._broker = self.keep(BrokerWatch(self._producer.client, self.batch_topic,
-                                             service="worker",
-                                             gauge=self.metrics.broker_reachable))
+        self.watch_broker(self._producer.client, self.batch_topic, self.metrics.broker_reachable)
         # Recreates the topics if the broker lost them; the group rejoins by itself.
         keeper = TopicKeeper(self.kafka, self._producer.client,
                              lambda: self.topics.all(self.config), service="worker",
@@ -347,11 +309,9 @@ class WorkerService(Service):
         return {"worker": self.worker_id, "endpoint": self.endpoint, **self.stats.totals(),
                 "log_lines_suppressed": self._sampler.suppressed}
 
-    def readiness(self) -> tuple[bool, str]:
+    def ready(self) -> tuple[bool, str]:
         if self.model is None:
             return False, "model not loaded"
-        if self._broker is not None and not (b := self._broker.status())[0]:
-            return b
         if not self._partitions:
             return False, "no batch partition assigned"
         return True, f"ok: partitions {self._partitions}, {len(self._in_hand)} batches in hand"

@@ -1,0 +1,135 @@
+"""Every service's settings, each field documented once.
+
+The runtime knobs of admission, the scheduler and a worker, side by side:
+the one place an operator reads to see what each service can be told, as
+TEI's ``router/src/main.rs`` lists every flag of its router. Each class is
+one service's, built on :class:`plumbing.settings.ServiceSettings`; each
+field is a flag, an ``SF_<SERVICE>_*`` environment variable and its own
+validation (:mod:`plumbing.settings`). What the fleet shares (tenants,
+endpoints, limits) is the configuration file, :mod:`schemas.config`; how to
+reach Kafka is :class:`plumbing.kafka.KafkaSettings`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from plumbing.settings import ServiceSettings, doc
+from schemas.config import Policy
+
+__all__ = ["AdmissionSettings", "SchedulerSettings", "WorkerSettings"]
+
+
+class AdmissionSettings(ServiceSettings, frozen=True):
+    """Tuning of one admission instance; the registry itself is the Config.
+
+    Every field is also a flag (``--max-step-records``) and an environment
+    variable (``SF_ADMISSION_MAX_STEP_RECORDS``), see :mod:`plumbing.settings`.
+    """
+
+    max_step_records: Annotated[int, doc(
+        "Records decided per step, one (partition, org) group at a time in turn "
+        "(producer/readahead.py); a step's writes go out together. A record fetched "
+        "while a step is decided waits for it: 100 keeps that wait a few ms under a "
+        "burst (docs/design.md).", ge=1)] = 100
+    max_step_bytes: Annotated[int, doc(
+        "Bytes of input a step holds at most: under a burst of long texts a step's "
+        "writes stay small, and a quiet org's record decided in the next step does not "
+        "wait behind one large produce request.", ge=1)] = 256 * 1024
+    read_ahead_records: Annotated[int, doc(
+        "Fetched records held undecided at most. A quiet org's record fetched behind a "
+        "burst on its partition is decided in the next step instead of after the burst; "
+        "offsets are committed in log order all the same.", ge=1)] = 50_000
+    max_partition_fetch_bytes: Annotated[int, doc(
+        "Bytes read per ingress partition per fetch: large, so reading ahead past a "
+        "burst takes few fetches.", ge=1024)] = 1024 * 1024
+    steps_in_flight: Annotated[int, doc(
+        "Steps handed to the producer and not yet settled (acknowledged, offsets "
+        "released) while the next one is decided.", ge=1)] = 8
+    commit_interval_ms: Annotated[int, doc(
+        "At most one ingress commit per this interval while steps keep coming (a step "
+        "settled with none behind it is committed at once).", ge=0)] = 200
+    stop_settle_s: Annotated[float, doc(
+        "How long a stop waits for the steps in hand to be settled.", ge=0)] = 30.0
+    poll_timeout_ms: Annotated[int, doc(
+        "Longest wait for ingress records before checking for a stop request.",
+        ge=1)] = 100
+    state_stale_after_ms: Annotated[float | None, doc(
+        "Scheduler snapshots older than this do not throttle; unset: the larger of 5 s "
+        "and 20 scheduler intervals (service.state_interval_ms).")] = None
+    config_poll_ms: Annotated[int, doc(
+        "How often the configuration file's modification time is checked for a hot "
+        "reload; 0 reloads only on SIGHUP.", ge=0)] = 2_000
+    token_counter: Annotated[str | None, doc(
+        "Count tokens with this model spec for every endpoint instead of the "
+        "endpoint's model ('fake' counts words: tests and dry runs).")] = None
+    reply_send_attempts: Annotated[int, doc(
+        "Attempts for a result on a reply topic before it goes to the dead letters (a "
+        "reply topic may not exist on a cluster without auto-create).", ge=1)] = 3
+
+
+class SchedulerSettings(ServiceSettings, frozen=True):
+    """How the service runs (the fairness settings are in the configuration file).
+
+    Every field is also a flag (``--commit-interval-ms``) and an environment
+    variable (``SF_SCHEDULER_COMMIT_INTERVAL_MS``), see :mod:`plumbing.settings`.
+    """
+
+    policy: Annotated[Policy, doc(
+        "drr (fair) or fifo (the baseline, for comparisons).")] = "drr"
+    commit_interval_ms: Annotated[int, doc(
+        "How often tier offsets are committed. Lower replays less after a crash, at one "
+        "commit request per interval.", ge=1)] = 500
+    max_poll_records: Annotated[int, doc(
+        "Tier records taken per intake slice; also the most the held count can overshoot "
+        "max_held_requests by before the consumers pause.", ge=1)] = 500
+    state_top_orgs: Annotated[int, doc(
+        "Orgs listed in each lane's org_held_tokens snapshot.", ge=0)] = 20
+    linger_ms: Annotated[int, doc(
+        "Producer linger for batches and results. 0: a batch goes out the moment a "
+        "worker has credit.", ge=0)] = 0
+    leader_session_timeout_ms: Annotated[int | None, doc(
+        "Session of the leader group: a crashed leader is replaced about this long "
+        "(Tansu: ~1.5x) plus two group joins after it died; unset: the Kafka session "
+        "timeout. Apache Kafka refuses values below its group.min.session.timeout.ms "
+        "(6 s by default).")] = None
+    config_path: Annotated[str | None, doc(
+        "The configuration file, reloaded on SIGHUP and when its modification time "
+        "changes; unset: no file.")] = None
+    config_poll_ms: Annotated[int, doc(
+        "How often the file's modification time is checked; 0: on SIGHUP only.",
+        ge=0)] = 2_000
+
+
+class WorkerSettings(ServiceSettings, frozen=True, kw_only=True):
+    """How one worker runs. The endpoint's batch limits come from the configuration.
+
+    Every field is also a flag (``--microbatch-size``) and an environment
+    variable (``SF_WORKER_MICROBATCH_SIZE``), see :mod:`plumbing.settings`.
+    """
+
+    endpoint: Annotated[str, doc("The endpoint this worker serves.")]
+    model: Annotated[str | None, doc(
+        "Model spec; unset: the endpoint's model ('fake' for tests).")] = None
+    slots: Annotated[int | None, doc(
+        "The most batches held at once whose credit is not returned; unset: "
+        "service.worker_slots.")] = None
+    worker_id: Annotated[str | None, doc(
+        "Unique per process; the scheduler counts credit by it (unset: "
+        "host-pid-random).")] = None
+    threads: Annotated[int | None, doc("torch intra-op threads; unset: torch's default.")] = None
+    device: Annotated[str | None, doc(
+        "cpu, cuda, cuda:1...; unset: CUDA when torch sees a GPU, else the CPU.")] = None
+    microbatch_tokens: Annotated[int, doc(
+        "Micro-batch budget in padded tokens (texts x longest text): bounds memory and "
+        "keeps the first results early.", ge=1)] = 4096
+    microbatch_size: Annotated[int, doc("Texts per micro-batch at most.", ge=1)] = 32
+    revoke_wait_s: Annotated[float, doc(
+        "How long a rebalance waits for batches in hand on revoked partitions, so they "
+        "commit here rather than run again elsewhere.", ge=0)] = 5.0
+    drain_s: Annotated[float, doc(
+        "How long a stop waits for the batches in hand to finish.", ge=0)] = 60.0
+    warm_up: Annotated[bool, doc(
+        "Run a few batches of different shapes before joining the group: the first calls "
+        "of a shape are slow (kernel selection, allocator growth), and the first real "
+        "requests should not pay for that.")] = True
