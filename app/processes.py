@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import IO, Self
 
+from plumbing.bounded import within
+
 __all__ = ["ProcessStack", "free_port"]
 
 
@@ -44,13 +46,13 @@ def free_port() -> int:
 
 async def _ready(port: int) -> tuple[bool, str]:
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1)
+        reader, writer = await within(asyncio.open_connection("127.0.0.1", port), 1)
     except (OSError, TimeoutError):
         return False, "not listening yet"
     try:
         writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
         await writer.drain()
-        reply = await asyncio.wait_for(reader.read(), 2)
+        reply = await within(reader.read(), 2)
     except (OSError, TimeoutError):
         return False, "no answer"
     finally:

@@ -22,6 +22,7 @@ from typing import Any, Self
 
 import msgspec
 
+from plumbing.bounded import cancel_within, within
 from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
 from producer.service import AdmissionService, AdmissionSettings
 from scheduler.service import SchedulerService, SchedulerSettings
@@ -128,11 +129,7 @@ class Stack:
             if s is not None:
                 with contextlib.suppress(Exception):
                     await s.stop()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_within(self._tasks, 5.0, "the stack's tasks to end")
 
     async def __aenter__(self) -> Self:
         try:
@@ -196,5 +193,5 @@ async def _main(config: Config, kafka: KafkaSettings, args: argparse.Namespace) 
                     print(f"a service failed: {err!r}", file=sys.stderr)
                     return 1
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.5)
+                    await within(stop.wait(), 0.5)
     return 0

@@ -3,15 +3,22 @@
 The broker watch, the topic keeper and the state follower each loop beside a
 service; they share how the loop is started as a named task and how a stop
 cancels it and waits for it (``Service.keep`` stops them with the service).
+The wait is bounded: a loop that does not end within ``stop_s`` of its
+cancellation is logged (``stop_timed_out``) and left behind, and the
+service's stop goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Self
 
+from plumbing.bounded import cancel_within
+from plumbing.logs import get_logger
+
 __all__ = ["Background"]
+
+log = get_logger("background")
 
 
 class Background:
@@ -19,6 +26,8 @@ class Background:
 
     #: The task's name (``<service>-<what>`` reads well in a dump of the loop).
     task_name = "background"
+    #: How long :meth:`stop` waits for the cancelled loop to end.
+    stop_s = 5.0
     _task: asyncio.Task | None = None
 
     async def run(self) -> None:  # pragma: no cover - every subclass has its own
@@ -29,8 +38,7 @@ class Background:
         return self
 
     async def stop(self) -> None:
+        """Cancel the loop and wait for it, ``stop_s`` at most (a line says when it did not end)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+            task, self._task = self._task, None
+            await cancel_within([task], self.stop_s, f"{self.task_name} to end", log=log)

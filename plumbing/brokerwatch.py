@@ -29,6 +29,7 @@ import structlog
 from aiokafka.protocol.metadata import MetadataRequest
 
 from plumbing.background import Background
+from plumbing.bounded import within
 
 __all__ = ["BrokerWatch"]
 
@@ -81,7 +82,7 @@ class BrokerWatch(Background):
         request = MetadataRequest([self.topic], allow_auto_topic_creation=False)
         for node in nodes:
             try:
-                await asyncio.wait_for(self.client.send(node, request), self.timeout_s)
+                await within(self.client.send(node, request), self.timeout_s)
                 return True
             except TimeoutError:
                 self.reason = f"no answer from node {node} in {self.timeout_s:g} s"

@@ -35,6 +35,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.group import LeaveGroupRequest
 
+from plumbing.bounded import within
 from plumbing.broker import EmbeddedBroker
 
 __all__ = [
@@ -308,7 +309,7 @@ async def consumer_lag(consumer: AIOKafkaConsumer, partitions, *,
 
     async def position(tp) -> int | None:
         try:
-            return await asyncio.wait_for(consumer.position(tp), timeout_s)
+            return await within(consumer.position(tp), timeout_s)
         except (KafkaError, TimeoutError):  # not assigned any more, or no position yet
             return None
 

@@ -35,6 +35,7 @@ from typing import Any, Self
 import msgspec
 from prometheus_client import CollectorRegistry
 
+from plumbing.bounded import cancel_within, within
 from plumbing.brokerwatch import BrokerWatch
 from plumbing.kafka import KafkaSettings, kafka_endpoint
 from plumbing.logs import get_logger
@@ -54,6 +55,9 @@ class StartStop:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+#: How long a stop waits for a cancelled loop to end before it goes on without it.
+_CANCEL_S = 5.0
 
 
 class Service(StartStop):
@@ -201,7 +205,7 @@ class Service(StartStop):
             if not main.done():
                 self._stopping.set()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(asyncio.shield(main), self.stop_grace_s)
+                    await within(asyncio.shield(main), self.stop_grace_s)
                 await self._cancel([main])
             await self._cancel(self._tasks)
             self._run_over.set()
@@ -212,7 +216,7 @@ class Service(StartStop):
             return
         self._stopping.set()
         try:
-            await asyncio.wait_for(self._run_over.wait(), self.stop_grace_s)
+            await within(self._run_over.wait(), self.stop_grace_s)
         except TimeoutError:
             self.log.warning(f"{self.name}_stop_unsettled",
                              detail=f"not settled in {self.stop_grace_s} s: the next owner "
@@ -243,13 +247,9 @@ class Service(StartStop):
                 self.log.warning(f"{what}_failed", error=repr(t.exception()))
         task.add_done_callback(done)
 
-    @staticmethod
-    async def _cancel(tasks: list[asyncio.Task]) -> None:
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+    async def _cancel(self, tasks: list[asyncio.Task]) -> None:
+        """Cancel ``tasks`` and wait for them, ``_CANCEL_S`` at most (a line names any left)."""
+        await cancel_within(tasks, _CANCEL_S, f"the {self.name}'s tasks to end", log=self.log)
 
     async def _totals_loop(self) -> None:
         while True:

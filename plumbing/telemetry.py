@@ -19,6 +19,8 @@ from typing import Self
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from plumbing.bounded import within
+
 __all__ = ["Readiness", "TelemetryServer"]
 
 #: Returns (ready, reason). Called on every /readyz request: keep it cheap.
@@ -59,8 +61,8 @@ class TelemetryServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), 5)
-            while await asyncio.wait_for(reader.readline(), 5) not in (b"\r\n", b"\n", b""):
+            line = await within(reader.readline(), 5)
+            while await within(reader.readline(), 5) not in (b"\r\n", b"\n", b""):
                 pass
             parts = line.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) >= 2 else ""

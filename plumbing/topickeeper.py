@@ -53,6 +53,7 @@ import structlog
 from aiokafka.protocol.metadata import MetadataRequest
 
 from plumbing.background import Background
+from plumbing.bounded import within
 from plumbing.kafka import KafkaSettings
 from plumbing.topics import ensure_topics
 
@@ -72,7 +73,7 @@ async def truncated(consumer, timeout_s: float = 0.5) -> dict:
             continue
         pos = None
         with contextlib.suppress(Exception):  # no position now: nothing to compare
-            pos = await asyncio.wait_for(consumer.position(tp), timeout_s)
+            pos = await within(consumer.position(tp), timeout_s)
         if pos is not None and high < pos:
             out[tp] = pos
     return out
@@ -131,7 +132,7 @@ class TopicKeeper(Background):
         for node in nodes:
             resp = None
             with contextlib.suppress(Exception):  # try the next broker, or the next round
-                resp = await asyncio.wait_for(self.client.send(node, request), self.timeout_s)
+                resp = await within(self.client.send(node, request), self.timeout_s)
             if resp is not None:
                 return {t[1]: len(t[3]) for t in resp.topics if t[0] != _UNKNOWN_TOPIC}
         return None

@@ -62,7 +62,7 @@ import msgspec
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from plumbing.bounded import stop_within
+from plumbing.bounded import stop_within, within
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -331,7 +331,7 @@ class FairnessClient(StartStop):
         if fut is None:
             fut = self._waiters[request_id] = asyncio.get_running_loop().create_future()
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return await within(asyncio.shield(fut), timeout)
         except ResultLost:
             raise
         except TimeoutError:

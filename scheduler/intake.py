@@ -37,6 +37,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from structlog.contextvars import bound_contextvars
 
+from plumbing.bounded import within
 from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import KafkaSettings, consumer_lag, in_group, make_consumer, stop_consumer
 from plumbing.offsets import OffsetTracker
@@ -143,7 +144,7 @@ class TierIntake:
         if self._consumer is None:
             return
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.commit(), _COMMIT_ON_REVOKE_S)
+            await within(self.commit(), _COMMIT_ON_REVOKE_S)
         # Cleared first: the commit loop and lag updates skip a stopping consumer.
         consumer, self._consumer = self._consumer, None
         with contextlib.suppress(Exception):
@@ -177,7 +178,7 @@ class TierIntake:
         # Bounded: after a broker restart the commit is retried for as long as
         # the topic is missing, and the rebalance would wait with it.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.commit(only=lost), _COMMIT_ON_REVOKE_S)
+            await within(self.commit(only=lost), _COMMIT_ON_REVOKE_S)
         # The new owner replays these from the committed offset: dispatching
         # them here too would serve them twice.
         dropped = 0

@@ -85,6 +85,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from plumbing.bounded import within
 from plumbing.kafka import KafkaSettings, make_consumer, stop_consumer
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.messages import LeaderClaim
@@ -345,7 +346,7 @@ class LeaderElection:
         if high is None:
             return False
         try:
-            return await asyncio.wait_for(self._consumer.position(self._tp), 1) >= high
+            return await within(self._consumer.position(self._tp), 1) >= high
         except (KafkaError, TimeoutError):
             return False
 

@@ -62,6 +62,7 @@ from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 from structlog.contextvars import bound_contextvars
 
+from plumbing.bounded import cancel_within, within
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -272,10 +273,7 @@ class SchedulerService(Service):
 
     async def _stop_intake(self) -> int:
         task, self._intake_task = self._intake_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_within([task], 5.0, "the tier intake to end", log=log)
         await self.intake.stop()
         return self.intake.hand_back_all()
 
@@ -463,7 +461,7 @@ class SchedulerService(Service):
             due.append(w / 1000)
         timeout = max(0.0, min(due) - time.time()) + 0.0005
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
+            await within(self._wake.wait(), timeout)
 
     async def _dispatch(self, now: float) -> None:
         # One batch at a time: a send awaits, and leadership can go meanwhile

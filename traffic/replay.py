@@ -74,7 +74,7 @@ from typing import Any
 import msgspec
 from aiokafka.structs import TopicPartition
 
-from plumbing.bounded import WaitTimeout, bounded, stop_within
+from plumbing.bounded import WaitTimeout, bounded, stop_within, within
 from plumbing.kafka import (
     KafkaSettings,
     make_consumer,
@@ -320,8 +320,7 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
         if progress.results + len(send_error) >= len(items):
             all_in.set()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(all_in.wait(),
-                                   max(0.0, last_send + s.timeout_s - time.monotonic()))
+            await within(all_in.wait(), max(0.0, last_send + s.timeout_s - time.monotonic()))
         progress.show(force=True)
     finally:
         for t in side_tasks:

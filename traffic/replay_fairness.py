@@ -20,6 +20,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from plumbing.bounded import cancel_within, within
+
 __all__ = ["FairnessSampler", "http_metrics"]
 
 _P = "sf_scheduler_fairness_"
@@ -29,11 +31,11 @@ def http_metrics(port: int, host: str = "127.0.0.1") -> Callable[[], Awaitable[s
     """A fetch of ``http://host:port/metrics`` (the services' one-request-per-connection server)."""
 
     async def fetch() -> str:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
+        reader, writer = await within(asyncio.open_connection(host, port), 2)
         try:
             writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
             await writer.drain()
-            reply = await asyncio.wait_for(reader.read(), 5)
+            reply = await within(reader.read(), 5)
         finally:
             writer.close()
         return reply.partition(b"\r\n\r\n")[2].decode(errors="replace")
@@ -90,9 +92,7 @@ class FairnessSampler:
         try:
             return await work
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_within([task], 5.0, "the fairness sampler to end")
             with contextlib.suppress(OSError, TimeoutError, ValueError):
                 self.observe(await self.fetch())
 

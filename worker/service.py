@@ -52,6 +52,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from plumbing.bounded import within
 from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import (
     KafkaSettings,
@@ -334,7 +335,7 @@ class WorkerService(Service):
         # Bounded: after a broker restart a commit is retried while the topic
         # is missing, and the rebalance would wait with it.
         with contextlib.suppress(KafkaError, TimeoutError):
-            await asyncio.wait_for(self._commit(only=gone), self.settings.revoke_wait_s)
+            await within(self._commit(only=gone), self.settings.revoke_wait_s)
         for tp in gone:
             self.offsets.forget(tp)
             self._epochs.pop(tp, None)

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from plumbing.bounded import WaitTimeout, bounded, stop_within
+from plumbing.bounded import WaitTimeout, bounded, cancel_within, stop_within, within
 
 
 async def _stubborn(entered: asyncio.Event, release: asyncio.Event) -> str:
@@ -94,3 +94,59 @@ async def test_a_client_whose_consumer_will_not_stop_still_closes():
     assert stopped == ["producer"], "the steps after the hung one did not run"
     assert client._consumer is None and client._producer is None
     release.set()
+
+
+async def _cancelled_as_it_completes(wait) -> asyncio.Task:
+    """A loop in ``wait(fut, 10)``, cancelled in the same tick as ``fut`` gets its result.
+
+    That is a stop arriving as a metadata answer does; on 3.11
+    ``asyncio.wait_for`` returns the result then and the loop goes on.
+    """
+    fut = asyncio.get_running_loop().create_future()
+
+    async def loop_body():
+        await wait(fut, 10)
+        await asyncio.sleep(3600)  # the loop's next round: reached only if the cancel was lost
+
+    task = asyncio.create_task(loop_body())
+    for _ in range(3):
+        await asyncio.sleep(0)  # the task is now waiting on fut
+    assert not task.done()
+    fut.set_result("answer")
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    return task
+
+
+async def test_within_keeps_a_cancellation_that_arrives_as_the_wait_completes():
+    task = await _cancelled_as_it_completes(within)
+    assert task.cancelled(), "the cancellation was lost: the loop went on to its next round"
+
+
+async def test_within_times_out_like_wait_for():
+    with pytest.raises(TimeoutError):
+        await within(asyncio.sleep(10), 0.01)
+    assert await within(asyncio.sleep(0, result=3), 1) == 3
+
+
+async def test_cancel_within_goes_on_without_a_task_that_swallows_its_cancel():
+    entered, release = asyncio.Event(), asyncio.Event()
+    lines: list[tuple[str, dict]] = []
+
+    class Log:
+        def warning(self, event, **kw):
+            lines.append((event, kw))
+
+    async def quick():
+        await asyncio.sleep(3600)
+
+    stubborn = asyncio.create_task(_stubborn(entered, release), name="stubborn")
+    plain = asyncio.create_task(quick(), name="plain")
+    await entered.wait()
+    ok = await asyncio.wait_for(cancel_within([stubborn, plain], 0.05, "the loops", log=Log()), 30)
+    assert ok is False and plain.cancelled() and not stubborn.done()
+    assert lines[0][0] == "stop_timed_out" and "stubborn" in lines[0][1]["detail"]
+    assert "plain" not in lines[0][1]["detail"]
+    release.set()
+    assert await stubborn == "released"
+    assert await cancel_within([asyncio.create_task(quick())], 5, "one loop") is True

@@ -199,3 +199,39 @@ def test_each_log_line_is_written_in_one_call_with_its_newline():
         structlog.reset_defaults()
     assert len(stream.writes) == 2
     assert all(w.endswith("\n") and w.count("\n") == 1 for w in stream.writes)
+
+
+class _Held:
+    """A client whose metadata answers the test hands out one at a time."""
+
+    def __init__(self):
+        self.cluster = _Cluster([1])
+        self.pending: asyncio.Future | None = None
+        self.sent = 0
+
+    def send(self, node, request):
+        self.sent += 1
+        self.pending = asyncio.get_running_loop().create_future()
+        return self.pending
+
+
+async def test_a_broker_watch_stopped_as_its_probe_is_answered_ends():
+    """The stop comes in the tick the answer does: the loop must end, not probe on for ever.
+
+    (A replay hung after its last result this way, on a topic keeper: a
+    cancellation that ``asyncio.wait_for`` swallowed on Python 3.11.)
+    """
+    client = _Held()
+    w = BrokerWatch(client, "t", service="test", gauge=_Gauge(), interval_s=0.01)
+    w.stop_s = 0.5
+    w.start()
+    task = w._task
+    for _ in range(50):
+        if client.pending is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert client.pending is not None, "the watch never probed"
+    client.pending.set_result(object())
+    await asyncio.wait_for(w.stop(), 10)
+    assert task.done(), f"the watch went on after its stop ({client.sent} probes)"
+    task.cancel()
