@@ -86,12 +86,17 @@ async def cancel_within(tasks, seconds: float, what: str, *, log=None) -> bool:
         _consume(t)
     if pending:
         names = ", ".join(sorted(t.get_name() for t in pending))
-        detail = f"{what}: {names} still running {seconds:g} s after its cancellation"
-        if log is not None:
-            log.warning("stop_timed_out", what=what, seconds=seconds, detail=detail)
-        else:
-            print(f"warning: {detail}; going on without it", file=sys.stderr)
+        _timed_out(log, what, seconds,
+                   f"{what}: {names} still running {seconds:g} s after its cancellation")
     return not pending
+
+
+def _timed_out(log, what: str, seconds: float, detail: str) -> None:
+    """The ``stop_timed_out`` line (stderr without a logger): a stop went on without a part."""
+    if log is not None:
+        log.warning("stop_timed_out", what=what, seconds=seconds, detail=detail)
+    else:
+        print(f"warning: {detail}; going on without it", file=sys.stderr)
 
 
 def _consume(task: asyncio.Future) -> None:
@@ -110,10 +115,7 @@ async def stop_within(aw: Awaitable[object], seconds: float, what: str, *, log=N
         await bounded(aw, seconds, what)
         return True
     except WaitTimeout as e:
-        if log is not None:
-            log.warning("stop_timed_out", what=what, seconds=seconds, detail=str(e))
-        else:
-            print(f"warning: {e}; going on without it", file=sys.stderr)
+        _timed_out(log, what, seconds, str(e))
         return False
     except Exception as e:  # noqa: BLE001 - a failing stop must not hide what brought us here
         if log is not None:

@@ -62,7 +62,7 @@ import msgspec
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from plumbing.bounded import stop_within, within
+from plumbing.bounded import cancel_within, stop_within, within
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -255,9 +255,8 @@ class FairnessClient(StartStop):
                               log=log)
             self._keeper = None
         if self._reader is not None:
-            self._reader.cancel()
-            await stop_within(asyncio.gather(self._reader, return_exceptions=True), limit,
-                              "the client's result reader to end", log=log)
+            await cancel_within([self._reader], limit, "the client's result reader to end",
+                                log=log)
             self._reader = None
         for fut in self._waiters.values():
             fut.cancel()

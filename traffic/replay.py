@@ -74,7 +74,7 @@ from typing import Any
 import msgspec
 from aiokafka.structs import TopicPartition
 
-from plumbing.bounded import WaitTimeout, bounded, stop_within, within
+from plumbing.bounded import WaitTimeout, bounded, cancel_within, stop_within, within
 from plumbing.kafka import (
     KafkaSettings,
     make_consumer,
@@ -106,12 +106,6 @@ _state_codec = codec_for(SchedulerState)
 _SEND_STEP = 500
 #: Longest wait for one part of the replay's own shutdown.
 _STOP_S = 15.0
-
-
-async def _quietly(task: asyncio.Task) -> None:
-    """Wait for a cancelled task; its cancellation or error is not news."""
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
 
 
 @dataclass
@@ -323,10 +317,7 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
             await within(all_in.wait(), max(0.0, last_send + s.timeout_s - time.monotonic()))
         progress.show(force=True)
     finally:
-        for t in side_tasks:
-            t.cancel()
-        for t in side_tasks:
-            await stop_within(_quietly(t), _STOP_S, f"the replay's {t.get_name()} task to end")
+        await cancel_within(side_tasks, _STOP_S, "the replay's side tasks to end")
         await stop_within(producer.stop(), _STOP_S, "the replay's producer to stop")
         await stop_within(client.stop(), _STOP_S, "the replay's result client to stop")
 
