@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any, Literal
 
 import msgspec
+import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -37,8 +38,10 @@ from aiokafka.protocol.group import LeaveGroupRequest
 
 from plumbing.bounded import within
 from plumbing.broker import EmbeddedBroker
+from plumbing.contiguity import Contiguity
 
 __all__ = [
+    "Consumer",
     "KafkaSettings",
     "Producer",
     "add_kafka_arguments",
@@ -59,6 +62,8 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"]
 PositiveMs = Annotated[int, msgspec.Meta(ge=1)]
 Bytes = Annotated[int, msgspec.Meta(ge=1024)]
+
+log = structlog.get_logger("kafka")
 
 _MiB = 1024 * 1024
 # Written in place of a bootstrap address to ask for the embedded broker, so a
@@ -218,6 +223,68 @@ class Producer(AIOKafkaProducer):
         return await super().partitions_for(topic)
 
 
+class Consumer(AIOKafkaConsumer):
+    """aiokafka's consumer, never moving past offsets the broker has not made readable yet.
+
+    aiokafka takes records beyond its position as compaction and moves on.
+    Tansu answers a fetch that way while a concurrent produce has reserved
+    offsets it has not stored (:mod:`plumbing.contiguity`), and those
+    records would never be read. ``getmany`` therefore hands on each
+    partition's records only up to the first jump, seeks back to it and
+    fetches again within the same call's timeout; a jump still there after
+    ``gap_grace_s`` is a real gap and goes through with one
+    ``offset_gap_skipped`` warning naming it.
+    """
+
+    def __init__(self, *topics: str, gap_grace_s: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(*topics, **kwargs)
+        self._contiguity = Contiguity(gap_grace_s)
+        self.gaps_refetched = 0
+        self.gaps_skipped = 0
+
+    def _positions(self) -> dict[Any, int]:
+        # aiokafka offers ``position()`` only as a coroutine that may fetch.
+        subscription = self._subscription.subscription
+        if subscription is None or subscription.assignment is None:
+            return {}
+        assignment = subscription.assignment
+        positions = {}
+        for tp in assignment.tps:
+            state = assignment.state_value(tp)
+            if state is not None and state.has_valid_position:
+                positions[tp] = state.position
+        return positions
+
+    async def getmany(self, *partitions, timeout_ms: int = 0, max_records: int | None = None):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while True:
+            before = self._positions()
+            got = await super().getmany(*partitions, timeout_ms=max(
+                0, int((deadline - loop.time()) * 1000)), max_records=max_records)
+            kept, held = {}, False
+            now = loop.time()
+            for tp, records in got.items():
+                cut = self._contiguity.cut(tp, before.get(tp), records, now)
+                for gap in cut.skipped:
+                    self.gaps_skipped += 1
+                    log.warning("offset_gap_skipped", topic=tp.topic, partition=tp.partition,
+                                 start=gap.start, end=gap.end, waited_s=round(gap.waited_s, 3),
+                                 detail="offsets never became readable; passed over")
+                if cut.refetch_from is not None:
+                    held = True
+                    self.gaps_refetched += 1
+                    log.info("offset_gap_refetched", topic=tp.topic, partition=tp.partition,
+                              at=cut.refetch_from, next_offset=records[len(cut.kept)].offset,
+                              detail="the broker answered past records not yet readable")
+                    self.seek(tp, cut.refetch_from)
+                if cut.kept:
+                    kept[tp] = list(cut.kept)
+            if kept or not held or loop.time() >= deadline:
+                return kept
+            await asyncio.sleep(0.005)
+
+
 def make_producer(settings: KafkaSettings, **overrides: Any) -> Producer:
     """A producer with our delivery and latency defaults; call inside a coroutine."""
     kwargs: dict[str, Any] = {
@@ -236,7 +303,7 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> Producer:
 
 def make_consumer(
     settings: KafkaSettings, *topics: str, group_id: str | None = None, **overrides: Any
-) -> AIOKafkaConsumer:
+) -> Consumer:
     """A consumer that commits only when told to and starts from the earliest offset.
 
     Manual commits because every service holds work in memory: an offset is
@@ -255,7 +322,7 @@ def make_consumer(
         "heartbeat_interval_ms": settings.heartbeat_interval_ms,
         **_security_kwargs(settings),
     }
-    return AIOKafkaConsumer(*topics, **(kwargs | overrides))
+    return Consumer(*topics, **(kwargs | overrides))
 
 
 async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
