@@ -39,6 +39,7 @@ from aiokafka.protocol.group import LeaveGroupRequest
 from plumbing.bounded import within
 from plumbing.broker import EmbeddedBroker
 from plumbing.contiguity import Contiguity
+from plumbing.fetchwatch import FetchWatch
 
 __all__ = [
     "Consumer",
@@ -234,20 +235,32 @@ class Consumer(AIOKafkaConsumer):
     fetches again within the same call's timeout; a jump still there after
     ``gap_grace_s`` is a real gap and goes through with one
     ``offset_gap_skipped`` warning naming it.
+
+    It also says when it is stuck: a partition behind its high watermark
+    whose fetches all come back empty for ``stall_after_s`` gets one
+    ``fetch_stalled`` warning (and ``fetch_resumed`` when records come), as
+    on the embedded broker once a partition is too long to list in a
+    fetch's wait (:mod:`plumbing.fetchwatch`).
     """
 
-    def __init__(self, *topics: str, gap_grace_s: float = 0.5, **kwargs: Any) -> None:
+    def __init__(self, *topics: str, gap_grace_s: float = 0.5, stall_after_s: float = 10.0,
+                 **kwargs: Any) -> None:
         super().__init__(*topics, **kwargs)
         self._contiguity = Contiguity(gap_grace_s)
+        self._watch = FetchWatch(stall_after_s)
         self.gaps_refetched = 0
         self.gaps_skipped = 0
+        self.stalls = 0
+
+    def _assignment(self):
+        subscription = self._subscription.subscription
+        return None if subscription is None else subscription.assignment
 
     def _positions(self) -> dict[Any, int]:
         # aiokafka offers ``position()`` only as a coroutine that may fetch.
-        subscription = self._subscription.subscription
-        if subscription is None or subscription.assignment is None:
+        assignment = self._assignment()
+        if assignment is None:
             return {}
-        assignment = subscription.assignment
         positions = {}
         for tp in assignment.tps:
             state = assignment.state_value(tp)
@@ -262,8 +275,9 @@ class Consumer(AIOKafkaConsumer):
             before = self._positions()
             got = await super().getmany(*partitions, timeout_ms=max(
                 0, int((deadline - loop.time()) * 1000)), max_records=max_records)
-            kept, held = {}, False
             now = loop.time()
+            self._watch_fetch(got, partitions, now)
+            kept, held = {}, False
             for tp, records in got.items():
                 cut = self._contiguity.cut(tp, before.get(tp), records, now)
                 for gap in cut.skipped:
@@ -283,6 +297,37 @@ class Consumer(AIOKafkaConsumer):
             if kept or not held or loop.time() >= deadline:
                 return kept
             await asyncio.sleep(0.005)
+
+    def _watch_fetch(self, got: Mapping, asked: tuple, now: float) -> None:
+        """Tell the fetch watch which partitions were behind and got nothing."""
+        assignment = self._assignment()
+        if assignment is None:
+            return
+        starved, fed = [], []
+        for tp in asked or assignment.tps:
+            state = assignment.state_value(tp)
+            if state is None:
+                continue
+            if state.paused:
+                self._watch.forget(tp)
+            elif tp in got:
+                fed.append(tp)
+            elif state.highwater is not None and state.has_valid_position:
+                (starved if state.position < state.highwater else fed).append(tp)
+        began, ended = self._watch.observe(starved, fed, now)
+        for stall in began:
+            self.stalls += 1
+            state = assignment.state_value(stall.tp)
+            log.warning("fetch_stalled", topic=stall.tp.topic, partition=stall.tp.partition,
+                        position=state.position, highwater=state.highwater,
+                        seconds=round(stall.seconds, 1),
+                        detail="behind the partition's end and every fetch comes back empty: "
+                               "a broker that cannot list the partition within the fetch wait "
+                               "(the embedded broker's memory store, a partition of ~10,000+ "
+                               "batches) or one that serves no data")
+        for stall in ended:
+            log.info("fetch_resumed", topic=stall.tp.topic, partition=stall.tp.partition,
+                     seconds=round(stall.seconds, 1))
 
 
 def make_producer(settings: KafkaSettings, **overrides: Any) -> Producer:

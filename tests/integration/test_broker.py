@@ -302,3 +302,50 @@ async def test_a_gap_that_stays_is_passed_over_once_and_named(
         await stop_consumer(consumer)
     assert [(r.offset, r.value) for r in records] == [(0, b"a"), (1, b"b"), (5, b"c")]
     assert consumer.gaps_skipped == 1
+
+
+async def test_a_consumer_behind_whose_fetches_come_back_empty_says_so(
+        kafka_settings: KafkaSettings, topic_prefix: str, monkeypatch) -> None:
+    """Past ~10,000 batches the embedded broker answers a fetch at a partition's
+    end with nothing, for ever (bench/broker_fetch_cost.py). Here aiokafka's
+    fetch answers, sets the high watermark, and its records are put back
+    unread, as that broker's would be: the consumer must name the stall,
+    and its end when records come."""
+    topic = f"{topic_prefix}stall"
+    await ensure_topics(kafka_settings, {topic: 1})
+    producer = make_producer(kafka_settings)
+    await producer.start()
+    try:
+        for i in range(5):
+            await producer.send_and_wait(topic, str(i).encode(), partition=0)
+    finally:
+        await producer.stop()
+
+    real_getmany = AIOKafkaConsumer.getmany
+    starving = True
+
+    async def empty_getmany(self, *partitions, **kwargs):
+        got = await real_getmany(self, *partitions, **kwargs)
+        if starving:
+            for tp in got:
+                self.seek(tp, 0)  # read nothing: the records stay where they are
+            return {}
+        return got
+
+    monkeypatch.setattr(AIOKafkaConsumer, "getmany", empty_getmany)
+    consumer = make_consumer(kafka_settings, group_id=None, stall_after_s=0.5)
+    await consumer.start()
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 0)
+    try:
+        async with asyncio.timeout(10):
+            while consumer.stalls == 0:
+                assert await consumer.getmany(timeout_ms=100) == {}
+        assert consumer.highwater(tp) == 5, "the fetch never answered: nothing was checked"
+        starving = False
+        records = await _consume(consumer, 5)
+        assert [r.offset for r in records] == list(range(5))
+        assert consumer.stalls == 1
+    finally:
+        await stop_consumer(consumer)
