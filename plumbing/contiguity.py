@@ -101,7 +101,3 @@ class Contiguity:
         if records and tp in self._since and self._since[tp][0] < want:
             del self._since[tp]
         return Cut(records, skipped=tuple(skipped))
-
-    def forget(self, tp: Hashable) -> None:
-        """Drop what is remembered of ``tp`` (unassigned, or moved by a seek)."""
-        self._since.pop(tp, None)
