@@ -227,6 +227,18 @@ async def test_a_producer_keeps_the_topics_it_writes_to_after_writing_to_a_new_o
         await producer.stop()
 
 
+async def _one_record_batches(kafka: KafkaSettings, topic: str, n: int) -> None:
+    """A one-partition ``topic`` holding ``n`` records, one batch each, values "0".."n-1"."""
+    await ensure_topics(kafka, {topic: 1})
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        for i in range(n):
+            await producer.send_and_wait(topic, str(i).encode(), partition=0)
+    finally:
+        await producer.stop()
+
+
 def _with_offsets_reserved(batch, reserved: int):
     """``batch`` built, claiming ``reserved`` offsets for the records it holds (a real gap after it)."""
     buf = batch._build()  # aiokafka offers no public way to write such a batch
@@ -244,14 +256,7 @@ async def test_a_consumer_reads_again_what_a_fetch_jumped_past(
     fetch would: our consumer must still hand on every offset, once, in order.
     """
     topic = f"{topic_prefix}jump"
-    await ensure_topics(kafka_settings, {topic: 1})
-    producer = make_producer(kafka_settings)
-    await producer.start()
-    try:
-        for i in range(10):
-            await producer.send_and_wait(topic, str(i).encode(), partition=0)
-    finally:
-        await producer.stop()
+    await _one_record_batches(kafka_settings, topic, 10)
 
     real_getmany = AIOKafkaConsumer.getmany
     hidden: list[int] = []
@@ -312,14 +317,7 @@ async def test_a_consumer_behind_whose_fetches_come_back_empty_says_so(
     unread, as that broker's would be: the consumer must name the stall,
     and its end when records come."""
     topic = f"{topic_prefix}stall"
-    await ensure_topics(kafka_settings, {topic: 1})
-    producer = make_producer(kafka_settings)
-    await producer.start()
-    try:
-        for i in range(5):
-            await producer.send_and_wait(topic, str(i).encode(), partition=0)
-    finally:
-        await producer.stop()
+    await _one_record_batches(kafka_settings, topic, 5)
 
     real_getmany = AIOKafkaConsumer.getmany
     starving = True
