@@ -88,16 +88,16 @@ class Contiguity:
         for i, rec in enumerate(records):
             offset = rec.offset
             if want is not None and offset > want:
-                first = self._since.get(tp)
-                if first is None or first[0] != want:
-                    first = (want, now)
-                    self._since[tp] = first
-                waited = now - first[1]
+                seen = self._since.get(tp)
+                if seen is None or seen[0] != want:
+                    seen = (want, now)
+                    self._since[tp] = seen
+                waited = now - seen[1]
                 if waited < self.grace_s:
                     return Cut(records[:i], refetch_from=want, skipped=tuple(skipped))
                 skipped.append(Gap(want, offset, waited))
                 self._since.pop(tp, None)
             want = offset + 1
-        if records and tp in self._since and self._since[tp][0] < want:
+        if tp in self._since and self._since[tp][0] < want:
             del self._since[tp]
         return Cut(records, skipped=tuple(skipped))
