@@ -252,6 +252,7 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                      timeout_s: float, model: str | None, threads: int | None, log,
                      log_level: str = "info", microbatch_size: int = 16,
                      worker_cpus: dict[str, set[int]] | None = None,
+                     worker_nice: dict[str, int] | None = None,
                      burst_nice: int = 10) -> Phase:
     """One phase on a fresh embedded broker, the services as separate processes."""
     from app.processes import ProcessStack
@@ -268,7 +269,7 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                                 worker_threads=threads, log=log, env=env,
                                 extra_args={"worker": ["--microbatch-size",
                                                        str(microbatch_size)]},
-                                cpus=worker_cpus) as stack, \
+                                cpus=worker_cpus, nice=worker_nice) as stack, \
                 FairnessClient(kafka, config) as client:
             await _warm_up(client, config, timeout_s=120)
             burst = (Burst(broker.bootstrap, config_path, phase.burst, timeout_s, burst_nice)
@@ -491,15 +492,21 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -
     print(f"full-batch service time: {full_ms:.0f} ms ({ep.max_batch_tokens} tokens)",
           file=out, flush=True)
     plan = plan_cpus(list(config.endpoints), threads or 1) if args.pin == "auto" else None
-    worker_cpus = None
+    worker_cpus = worker_nice = None
     if plan is not None:
         worker_cpus, service_cpus = plan
         # This process (the traffic and the broker it starts), and every
         # service not pinned, stays off the pinned workers' CPUs.
         os.sched_setaffinity(0, service_cpus)
+        # A worker without CPUs of its own yields them to the services it runs
+        # beside: its model stands for an accelerator's time, not theirs.
+        worker_nice = {f"worker-{ep}": UNPINNED_WORKER_NICE for ep in config.endpoints
+                       if f"worker-{ep}" not in worker_cpus}
         own = "; ".join(f"{name} on {_cpus(c)}" for name, c in worker_cpus.items())
-        print(f"CPUs: {own}; the broker, admission, scheduler, traffic and any other worker "
-              f"on {_cpus(service_cpus)} (--pin off: all shared)", file=out, flush=True)
+        rest = "".join(f"; {name} on {_cpus(service_cpus)} at nice {n}"
+                       for name, n in worker_nice.items())
+        print(f"CPUs: {own}; the broker, admission, scheduler and traffic on "
+              f"{_cpus(service_cpus)}{rest} (--pin off: all shared)", file=out, flush=True)
     phases = [Phase("unloaded", "drr", 0), Phase(f"burst {args.burst}, drr", "drr", args.burst)]
     if not args.skip_x5:
         phases.append(Phase(f"burst {5 * args.burst}, drr", "drr", 5 * args.burst))
@@ -508,12 +515,16 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -
         print(f"\n== phase: {phase.name} ==", file=out, flush=True)
         await _run_phase(config, args.config, phase, quiet=args.quiet, timeout_s=args.timeout_s,
                          model=args.model, threads=threads, log=log, log_level=args.log_level,
-                         microbatch_size=args.microbatch_size, worker_cpus=worker_cpus)
+                         microbatch_size=args.microbatch_size, worker_cpus=worker_cpus,
+                         worker_nice=worker_nice)
         print(_table(phase), file=out)
         print(_stages(phase), file=out)
         print(f"({phase.elapsed_s:.1f} s)", file=out, flush=True)
     return _summary(phases, full_ms, args, out)
 
+
+#: CPU niceness of a worker that shares the services' CPUs (``--pin auto``).
+UNPINNED_WORKER_NICE = 10
 
 #: What the demo holds the live pipeline to (issue "Isolation that holds on every run").
 FIFO_OVER_DRR_MIN = 20.0

@@ -30,18 +30,35 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Self
 
 from plumbing.bounded import within
 
-__all__ = ["ProcessStack", "free_port"]
+__all__ = ["ProcessStack", "free_port", "placement"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def placement(cpus: set[int] | None, nice: int) -> Callable[[], None] | None:
+    """What a child runs between fork and exec to take its CPUs and its niceness
+    (both inherited by every thread it starts), or None for neither. System
+    calls only there: no Python locks."""
+    if cpus is None and not nice:
+        return None
+
+    def place() -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        if nice:
+            os.nice(nice)
+
+    return place
 
 
 async def _ready(port: int) -> tuple[bool, str]:
@@ -69,7 +86,8 @@ class ProcessStack:
                  log: IO[str] | None = None, env: dict[str, str] | None = None,
                  schedulers: int = 1, workers: int = 1,
                  extra_args: dict[str, list[str]] | None = None,
-                 cpus: dict[str, set[int]] | None = None):
+                 cpus: dict[str, set[int]] | None = None,
+                 nice: dict[str, int] | None = None):
         self.config_path = str(config_path)
         self.bootstrap = bootstrap
         self.policy = policy
@@ -85,6 +103,9 @@ class ProcessStack:
         #: CPUs a service may run on, by process name (``worker-embed``) or
         #: subcommand (``worker``), Linux only; the rest inherit ours.
         self.cpus = cpus or {}
+        #: Added to a service's CPU niceness at its start (every thread it makes
+        #: inherits it), by process name or subcommand, as ``cpus``.
+        self.nice = nice or {}
         self.procs: dict[str, tuple[subprocess.Popen, int]] = {}
         self._args: dict[str, tuple[str, ...]] = {}
 
@@ -95,12 +116,11 @@ class ProcessStack:
                *self.extra_args.get(args[0], []), "--config", self.config_path,
                "--bootstrap", self.bootstrap, "--metrics-port", str(port)]
         cpus = self.cpus.get(name, self.cpus.get(args[0]))
+        nice = self.nice.get(name, self.nice.get(args[0], 0))
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL,
                                 stdout=self.log or subprocess.DEVNULL,
                                 stderr=self.log or subprocess.DEVNULL,
-                                # One system call between fork and exec, no Python locks.
-                                preexec_fn=None if cpus is None  # noqa: PLW1509
-                                else lambda: os.sched_setaffinity(0, cpus))
+                                preexec_fn=placement(cpus, nice))  # noqa: PLW1509
         self.procs[name] = (proc, port)
 
     async def start(self, timeout_s: float = 120.0) -> Self:
