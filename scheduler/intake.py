@@ -62,6 +62,9 @@ _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._\-]{1,249}")
 _RESUME_AT = 0.9
 #: Longest wait for the commit of a revoked partition (or at stop).
 _COMMIT_ON_REVOKE_S = 3.0
+#: Records held between two yields to the event loop within a slice: the
+#: consumers' fetchers take their next step only when the loop lets them.
+_YIELD_EVERY = 32
 
 
 class _ReplyAddress(msgspec.Struct):
@@ -200,9 +203,10 @@ class TierIntake:
     async def run(self) -> None:
         """Read forever, one slice of at most ``max_poll_records`` at a time.
 
-        After each slice the dispatcher is woken and runs before the next
-        slice is taken: a free worker slot is served within one slice of
-        intake (a few milliseconds), never after a whole burst is read.
+        After each slice, and every ``_YIELD_EVERY`` records within one, the
+        dispatcher is woken and runs before intake goes on: a free worker slot
+        is served within a few dozen records of intake, never after a whole
+        burst is read.
         """
         consumer = self._consumer
         while True:
@@ -212,11 +216,20 @@ class TierIntake:
                 continue
             now_ms = int(time.time() * 1000)
             received: dict[str, int] = {}
+            taken = 0
             for tp, records in batches.items():
                 for rec in records:
+                    if tp not in self.assigned:
+                        break  # revoked while we yielded: the next owner reads the rest
                     if (why := self._hold(tp, rec, now_ms, received)) is not None:
                         await self._reject(rec, *why)
                         self.offsets.consumed(tp, rec.offset)
+                    taken += 1
+                    if taken % _YIELD_EVERY == 0:
+                        # The dispatcher (a freed slot), and the consumers'
+                        # fetchers (the worker's credit among them), go first.
+                        self.wake.set()
+                        await asyncio.sleep(0)
             for tier, n in received.items():
                 self.metrics.received_counter(tier).inc(n)
                 self.totals["received"] += n
