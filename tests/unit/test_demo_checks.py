@@ -2,6 +2,7 @@
 
 import argparse
 import io
+import json
 
 from app.demo import Phase, Sent, _summary
 from schemas.messages import Result
@@ -81,3 +82,61 @@ def test_slow_admission_or_queue_stage_fails():
     assert code == 1 and "admission stage p99 <= 100 ms" in text.splitlines()[-1]
     code, text = _run(_phases(drr={"latency_ms": 600.0, "queue_ms": 450.0}))
     assert code == 1 and "scheduler-queue stage p99" in text.splitlines()[-1]
+
+
+def _served(phase: Phase, ms: float, n: int) -> list[tuple[float, float]]:
+    """``n`` full batches of ``ms`` each, served during ``phase``."""
+    t0, t1 = phase.wall_s
+    return [(t0 + (t1 - t0) * (i + 1) / (n + 1), ms) for i in range(n)]
+
+
+def _timed(phases: list[Phase]) -> list[Phase]:
+    for i, p in enumerate(phases):
+        p.wall_s = (1000.0 * i, 1000.0 * i + 60)
+    return phases
+
+
+def test_the_bound_and_the_queue_limit_use_the_full_batches_a_phase_served():
+    """Batches served at 400 ms in the 5x phase: its bound is unloaded + 2 x 400, not 2 x 300."""
+    phases = _timed(_phases(x5={"latency_ms": 700.0, "queue_ms": 450.0}))
+    out = io.StringIO()
+    served = _served(phases[2], 400.0, 12) + _served(phases[1], 300.0, 12)
+    assert _summary(phases, FULL_MS, argparse.Namespace(json=None), out, served) == 0, \
+        out.getvalue()
+    assert "full batch      400 ms (median of 12 served)" in out.getvalue()
+    # The same figures against the batch timed at start fail both checks.
+    code, text = _run(phases)
+    assert code == 1
+    assert "burst 20000, drr: quiet p99 within the bound" in text.splitlines()[-1]
+    assert "burst 20000, drr: scheduler-queue stage p99" in text.splitlines()[-1]
+
+
+def test_too_few_served_full_batches_fall_back_to_the_start_timing():
+    """Four batches served are not enough to judge by: the start's 300 ms stands."""
+    phases = _timed(_phases(x5={"latency_ms": 700.0}))
+    out = io.StringIO()
+    assert _summary(phases, FULL_MS, argparse.Namespace(json=None), out,
+                    _served(phases[2], 400.0, 4)) == 1
+    assert "full batch      300 ms (timed at start)" in out.getvalue()
+
+
+def test_served_full_batches_are_read_from_the_workers_events(tmp_path):
+    """Only the endpoint's batch_served events of a full batch count; bad lines are passed over."""
+    from app.demo import served_full_batches
+
+    log = tmp_path / "services.log"
+    def served(endpoint: str, tokens: int, seconds: float, at: str) -> str:
+        return json.dumps({"event": "batch_served", "endpoint": endpoint, "tokens": tokens,
+                           "seconds": seconds, "timestamp": f"2026-12-01T22:48:{at}Z"})
+
+    log.write_text("\n".join([
+        served("embed", 1000, 0.41, "23.946033"),
+        served("embed", 100, 0.05, "24.000000"),   # not a full batch
+        served("rerank", 1000, 0.2, "24.000000"),  # another endpoint
+        served("embed", 1000, 0.4, "25")[:60],     # a line cut short
+        'not json at all "batch_served"',
+    ]))
+    served = served_full_batches(log, "embed", 900)
+    assert [round(ms) for _, ms in served] == [410]
+    assert abs(served[0][0] - 1796165303.946033) < 1e-3
+    assert served_full_batches(tmp_path / "absent.log", "embed", 900) == []
