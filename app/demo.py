@@ -543,8 +543,9 @@ MIN_SERVED_FULL_BATCHES = 5
 
 def served_full_batches(log_path: Path, endpoint: str, min_tokens: float) -> list[tuple[float, float]]:
     """(epoch s, ms) of every batch of at least ``min_tokens`` that ``endpoint``'s
-    worker served, from its ``batch_served`` events in the services' log: the
-    time it took in the worker, from taking the batch to its last result."""
+    worker served, from its ``batch_served`` events in the services' log: its
+    model time (``model_ms``: the seconds it had the model, not its waits for
+    the batch before it, which overlaps it in the worker)."""
     from datetime import datetime
 
     out = []
@@ -558,7 +559,7 @@ def served_full_batches(log_path: Path, endpoint: str, min_tokens: float) -> lis
                         or ev.get("tokens", 0) < min_tokens):
                     continue
                 at = datetime.fromisoformat(ev["timestamp"]).timestamp()
-                out.append((at, 1000 * float(ev["seconds"])))
+                out.append((at, float(ev["model_ms"])))
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut short by a killed process, another service's text
     return out

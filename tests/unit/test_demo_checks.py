@@ -125,15 +125,16 @@ def test_served_full_batches_are_read_from_the_workers_events(tmp_path):
     from app.demo import served_full_batches
 
     log = tmp_path / "services.log"
-    def served(endpoint: str, tokens: int, seconds: float, at: str) -> str:
+    def served(endpoint: str, tokens: int, model_ms: float, at: str) -> str:
         return json.dumps({"event": "batch_served", "endpoint": endpoint, "tokens": tokens,
-                           "seconds": seconds, "timestamp": f"2026-12-01T22:48:{at}Z"})
+                           "model_ms": model_ms, "seconds": 2 * model_ms / 1000,
+                           "timestamp": f"2026-12-01T22:48:{at}Z"})
 
     log.write_text("\n".join([
-        served("embed", 1000, 0.41, "23.946033"),
-        served("embed", 100, 0.05, "24.000000"),   # not a full batch
-        served("rerank", 1000, 0.2, "24.000000"),  # another endpoint
-        served("embed", 1000, 0.4, "25")[:60],     # a line cut short
+        served("embed", 1000, 410.0, "23.946033"),
+        served("embed", 100, 50.0, "24.000000"),   # not a full batch
+        served("rerank", 1000, 200.0, "24.000000"),  # another endpoint
+        served("embed", 1000, 400.0, "25")[:60],     # a line cut short
         'not json at all "batch_served"',
     ]))
     served = served_full_batches(log, "embed", 900)
