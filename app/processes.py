@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Self
 
 from plumbing.bounded import within
+from plumbing.children import parent_death_signal
 
 __all__ = ["ProcessStack", "free_port", "placement"]
 
@@ -46,13 +47,17 @@ def free_port() -> int:
 
 
 def placement(cpus: set[int] | None, nice: int) -> Callable[[], None] | None:
-    """What a child runs between fork and exec to take its CPUs and its niceness
-    (both inherited by every thread it starts), or None for neither. System
-    calls only there: no Python locks."""
-    if cpus is None and not nice:
+    """What a child runs between fork and exec: SIGTERM when we die (Linux,
+    :mod:`plumbing.children`), then its CPUs and its niceness (both inherited
+    by every thread it starts); None for none of them. System calls only
+    there: no Python locks."""
+    orphan = parent_death_signal(signal.SIGTERM)
+    if orphan is None and cpus is None and not nice:
         return None
 
     def place() -> None:
+        if orphan is not None:
+            orphan()
         if cpus is not None:
             os.sched_setaffinity(0, cpus)
         if nice:

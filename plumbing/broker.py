@@ -39,21 +39,20 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import ctypes
 import os
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
+
+from plumbing.children import parent_death_signal
 
 __all__ = ["BrokerStartError", "EmbeddedBroker", "resolve_tansu_binary"]
 
@@ -68,7 +67,6 @@ _TANSU_ENV = (
     "SCHEMA_REGISTRY",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 )
-_PR_SET_PDEATHSIG = 1
 # Only retried when we chose the port: another process may take a probed free
 # port before Tansu binds it.
 _PORT_ATTEMPTS = 3
@@ -315,7 +313,7 @@ class EmbeddedBroker:
             start_new_session=True,
             # Runs one prctl() in the child between fork and exec; no Python
             # locks are taken there, which is what makes preexec_fn unsafe.
-            preexec_fn=_parent_death_signal(),  # noqa: PLW1509
+            preexec_fn=parent_death_signal(),  # noqa: PLW1509
         )
 
     def _terminate(self) -> None:
@@ -481,33 +479,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((_HOST, 0))
         return s.getsockname()[1]
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the kernel SIGKILL the child when we die.
-
-    libc is loaded here, in the parent, so the forked child only makes one
-    foreign call. Skipped off Linux and off the main thread (see the module
-    docstring: the signal follows the starting thread).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        # The parent may have died between fork and prctl: then nobody would
-        # ever send the signal.
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return arm
 
 
 @atexit.register

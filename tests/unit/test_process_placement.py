@@ -1,8 +1,10 @@
 """A service process's CPUs and niceness, taken between fork and exec (``app.processes``)."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,8 +21,36 @@ def _probe(preexec) -> list[str]:
     return done.stdout.strip().split(maxsplit=2)
 
 
-def test_nothing_to_place_runs_nothing_in_the_child():
-    assert placement(None, 0) is None
+#: A parent that starts a child with ``placement`` (sleeping for a minute),
+#: prints the child's pid and dies at once.
+ORPHAN = ("import os, subprocess, sys; from app.processes import placement;"
+          " c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+          " preexec_fn=placement(None, 0), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL);"
+          " print(c.pid, flush=True); os._exit(0)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_a_child_does_not_outlive_the_process_that_started_it():
+    """The parent dies without a word: the kernel ends the service it started."""
+    done = subprocess.run([sys.executable, "-c", ORPHAN], capture_output=True, text=True,
+                          timeout=60, check=True, cwd=os.path.dirname(os.path.dirname(
+                              os.path.dirname(os.path.abspath(__file__)))))
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the child outlived its parent by 10 s"
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
