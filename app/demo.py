@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -565,7 +566,7 @@ def served_full_batches(log_path: Path, endpoint: str, min_tokens: float) -> lis
     return out
 
 
-def phase_full_batch_ms(phase: Phase, served: list[tuple[float, float]],
+def phase_full_batch_ms(phase: Phase, served: Sequence[tuple[float, float]],
                         fallback_ms: float) -> tuple[float, str]:
     """The full-batch time a phase's quiet requests waited behind: the median of
     the full batches the worker served during the phase (at least
@@ -579,7 +580,7 @@ def phase_full_batch_ms(phase: Phase, served: list[tuple[float, float]],
 
 
 def _summary(phases: list[Phase], full_ms: float, args, out,
-             served: list[tuple[float, float]] = ()) -> int:
+             served: Sequence[tuple[float, float]] = ()) -> int:
     """Print every check with its margin; 0 only if all hold, else 1 and the failed ones."""
     unloaded = percentile_ms(phases[0].quiet_ms(), 99)
     bound = None if unloaded is None else unloaded + 2 * full_ms

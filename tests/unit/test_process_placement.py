@@ -5,10 +5,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from app.processes import placement
+
+REPO = Path(__file__).resolve().parents[2]
 
 #: The child reports its main thread's niceness and CPUs, and a new thread's niceness.
 PROBE = ("import os, threading; out = []; t = threading.Thread(target=lambda: out.append(os.nice(0)));"
@@ -41,8 +44,7 @@ def _alive(pid: int) -> bool:
 def test_a_child_does_not_outlive_the_process_that_started_it():
     """The parent dies without a word: the kernel ends the service it started."""
     done = subprocess.run([sys.executable, "-c", ORPHAN], capture_output=True, text=True,
-                          timeout=60, check=True, cwd=os.path.dirname(os.path.dirname(
-                              os.path.dirname(os.path.abspath(__file__)))))
+                          timeout=60, check=True, cwd=REPO)
     pid = int(done.stdout.split()[0])
     deadline = time.monotonic() + 10
     while _alive(pid) and time.monotonic() < deadline:
