@@ -15,8 +15,10 @@ It prints a per-org table per phase, then the check the design promises:
 the quiet orgs' p99 under the burst stays within their unloaded p99 plus two
 full-batch service times (the batch running when they arrive, then their
 own), does not grow with the burst, and is far below what FIFO gives them.
-A full-batch service time is measured here, on this machine, by encoding
-one batch of ``max_batch_tokens`` of the burst's texts with the same model.
+A full-batch service time is the worker's own: the median model time of
+the full batches it finished while the quiet requests were out
+(:func:`phase_full_batch_ms`); one batch of ``max_batch_tokens`` of the
+burst's texts is also timed at start, in this process, and printed beside it.
 
 Service logs go to ``--log-file`` as JSON lines, with request, org and
 batch ids bound; the terminal shows progress and the tables. At the default
