@@ -582,15 +582,14 @@ def phase_full_batch_ms(phase: Phase, served: Sequence[tuple[float, float]],
     whole phase's 319). Fewer than that: the median of the whole phase's
     full batches; fewer again: ``fallback_ms`` (timed at start).
     """
-    whole = []
-    if phase.wall_s is not None:
-        t0, t1 = phase.wall_s
-        whole = [m for at, m in served if t0 <= at <= t1]
+    def between(t0: float, t1: float) -> list[float]:
+        return [m for at, m in served if t0 <= at <= t1]
+
+    whole = between(*phase.wall_s) if phase.wall_s is not None else []
     quiet = _quiet_results(phase)
     sent = [float(r.created_ms) for r, _ in quiet if r.created_ms is not None]
     if sent:
-        t0, t1 = min(sent) / 1000, max(done for _, done in quiet) / 1000
-        ms = [m for at, m in served if t0 <= at <= t1]
+        ms = between(min(sent) / 1000, max(done for _, done in quiet) / 1000)
         if len(ms) >= MIN_SERVED_FULL_BATCHES:
             rest = (f"; the phase's {len(whole)}: {statistics.median(whole):.0f} ms"
                     if whole else "")
