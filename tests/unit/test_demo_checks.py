@@ -97,7 +97,8 @@ def _served(phase: Phase, ms: float, n: int, *, start_s: float = 0.0,
 
 
 def _timed(phases: list[Phase]) -> list[Phase]:
-    """Each phase's traffic: its quiet requests' 40 s (from 1,000 s apart) and 60 s after."""
+    """Each phase's traffic (phases 1,000 s apart): 100 s from its first quiet
+    request, the quiet requests' 40 s and 60 s of burst after them."""
     for i, p in enumerate(phases):
         p.wall_s = (1000.0 * (i + 1), 1000.0 * (i + 1) + 100)
     return phases
