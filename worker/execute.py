@@ -11,7 +11,11 @@ Order. Embedding texts of every request are cut into micro-batches by
 :func:`worker.microbatch.plan_microbatches` under a padded-token budget, in
 the scheduler's order at the granularity of a window (``order="given"``):
 the scheduler put the most urgent requests first, and length-sorting
-inside each window keeps padding low. A rerank request is one query against
+inside each window keeps padding low. The texts of the orgs ahead of a
+bulk org's run in micro-batches of their own when the batch takes several
+anyway (:func:`worker.microbatch.plan_with_head`): a quiet org's request
+under a burst comes back after a call of its own size, not after a quarter
+of the batch. A rerank request is one query against
 its documents, so its documents are planned and scored on their own.
 
 Failure stays local. A request whose input does not fit the endpoint (an
@@ -49,7 +53,7 @@ import numpy as np
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, Result
 from worker.calibration import CALIBRATION_TEXTS, RangeCache
 from worker.interface import DEFAULT_OPTIONS, Embedder, EncodeOptions, Reranker
-from worker.microbatch import padded_tokens, plan_microbatches
+from worker.microbatch import padded_tokens, plan_microbatches, plan_with_head
 from worker.request_options import (
     calibration_options,
     embedding_fields,
@@ -244,10 +248,11 @@ class BatchExecutor:
         if done := self._take_done(pending, range(len(pending))):
             yield [self._from_pending(batch, p) for p in done]
         live = [k for k in range(len(texts)) if not self._stopped(pending[owner[k][0]])]
-        plan = plan_microbatches([lengths[k] for k in live],
-                                 max_padded_tokens=self.max_padded_tokens,
-                                 max_size=self.max_size, order="given",
-                                 max_seq_length=model.max_seq_length, window=self.window)
+        plan = plan_with_head([lengths[k] for k in live],
+                              [pending[owner[k][0]].req.org for k in live],
+                              max_padded_tokens=self.max_padded_tokens,
+                              max_size=self.max_size,
+                              max_seq_length=model.max_seq_length, window=self.window)
         for n, group in enumerate(plan):
             # Texts of a request that already failed are not worth computing.
             idx = [live[g] for g in group if not self._stopped(pending[owner[live[g]][0]])]

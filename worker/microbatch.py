@@ -37,14 +37,29 @@ Two orders, one trade-off (padding against head-of-line wait):
 
 A single text whose capped length alone exceeds ``max_padded_tokens`` still gets
 a micro-batch of its own: dropping it is not the planner's call.
+
+The minority head (:func:`plan_with_head`)
+    Under a burst most of a batch is one org's, and the scheduler hands it
+    over with the orgs of fewest requests first (``scheduler.batch_order``).
+    Packed as usual, a quiet org's one text shares its micro-batch with
+    fifteen of the burst's and comes back after a quarter of the batch; cut
+    off at the first text of a *bulk* key (one with at least ``max_size``
+    texts in the batch), the texts ahead of it run in micro-batches of their
+    own and come back after a call of their own size. The cut is made only
+    when the rest still takes two micro-batches or more, where one small call
+    more is a small share of the batch's time (a batch that runs as a single
+    call, as on a GPU, is left whole: there the extra call would cost a
+    noticeable share and save a few milliseconds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
-__all__ = ["MicrobatchOrder", "padded_tokens", "plan_microbatches"]
+__all__ = ["MicrobatchOrder", "minority_head", "padded_tokens", "plan_microbatches",
+           "plan_with_head"]
 
 MicrobatchOrder = Literal["sorted", "given"]
 
@@ -122,6 +137,51 @@ def plan_microbatches(
     if current:
         groups.append(sorted(current, key=by_cost))
     return groups
+
+
+def minority_head(keys: Sequence[Hashable], *, bulk: int) -> int:
+    """How many leading entries of ``keys`` come before the first entry of a bulk key.
+
+    A bulk key has at least ``bulk`` entries in ``keys``. 0 when there is none,
+    or when the first entry is one of a bulk key's (nothing to run ahead of it).
+    """
+    if bulk < 1:
+        raise ValueError(f"bulk must be >= 1, got {bulk}")
+    counts = Counter(keys)
+    for i, key in enumerate(keys):
+        if counts[key] >= bulk:
+            return i
+    return 0
+
+
+def plan_with_head(
+    lengths: Sequence[int],
+    keys: Sequence[Hashable],
+    *,
+    max_padded_tokens: int,
+    max_size: int,
+    max_seq_length: int | None = None,
+    window: int | None = None,
+) -> list[list[int]]:
+    """:func:`plan_microbatches` in ``"given"`` order, with the minority head run on its own.
+
+    ``keys[i]`` is the owner of text ``i`` (its org), in the batch's run
+    order. The texts ahead of the first text of a key with ``max_size`` or
+    more texts are planned as micro-batches of their own, first, when the
+    rest still needs two micro-batches or more; otherwise this is
+    :func:`plan_microbatches` of the whole. Every index appears exactly once.
+    """
+    if len(keys) != len(lengths):
+        raise ValueError(f"{len(keys)} keys for {len(lengths)} lengths")
+    kw = {"max_padded_tokens": max_padded_tokens, "max_size": max_size, "order": "given",
+          "max_seq_length": max_seq_length, "window": window}
+    head = minority_head(keys, bulk=max_size)
+    if head:
+        rest = plan_microbatches(lengths[head:], **kw)
+        if len(rest) >= 2:
+            return plan_microbatches(lengths[:head], **kw) + [
+                [head + i for i in group] for group in rest]
+    return plan_microbatches(lengths, **kw)
 
 
 def padded_tokens(

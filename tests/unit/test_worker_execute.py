@@ -53,6 +53,23 @@ async def test_first_chosen_requests_come_back_first():
     assert [s[0].id for s in steps] == ["r0", "r1", "r2", "r3"]
 
 
+async def test_a_quiet_request_ahead_of_a_burst_comes_back_from_a_call_of_its_own():
+    """One quiet org's request, then 40 of a bulk org's: its result is the first step, alone."""
+    calls: list[int] = []
+
+    class Counting(FakeEmbedder):
+        def encode(self, texts, **kwargs):
+            calls.append(len(texts))
+            return super().encode(texts, **kwargs)
+
+    ex = BatchExecutor(Counting(), "embed", worker="w", max_padded_tokens=4096, max_size=16,
+                       run_in_thread=_inline)
+    reqs = [req(0, org="quiet")] + [req(i, org="bulk") for i in range(1, 41)]
+    steps = await collect(ex, batch(reqs))
+    assert [r.id for r in steps[0]] == ["r0"]
+    assert calls == [1, 16, 16, 8]
+
+
 async def test_bad_request_fails_alone():
     """A text the model chokes on fails its request only; the rest of the batch is ok."""
 

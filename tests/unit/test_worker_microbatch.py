@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.microbatch import padded_tokens, plan_microbatches
+from worker.microbatch import minority_head, padded_tokens, plan_microbatches, plan_with_head
 
 plans = st.fixed_dictionaries(
     {
@@ -135,3 +135,71 @@ def test_negative_length_is_refused():
     """A negative token length is a caller bug, not a cost."""
     with pytest.raises(ValueError):
         plan_microbatches([3, -1], max_padded_tokens=10, max_size=2)
+
+
+# -- the minority head -------------------------------------------------------
+
+
+def test_minority_head_counts_the_texts_ahead_of_the_first_bulk_org():
+    """The head ends at the first text of an org with ``bulk`` texts or more."""
+    assert minority_head(["q1", "q2", "q2"] + ["bulk"] * 16, bulk=16) == 3
+    assert minority_head(["bulk"] * 16 + ["q1"], bulk=16) == 0  # bulk first: no head
+    assert minority_head([f"o{i}" for i in range(64)], bulk=16) == 0  # no bulk org
+    assert minority_head(["q1"] + ["b"] * 15, bulk=16) == 0  # 15 is not bulk
+    assert minority_head([], bulk=16) == 0
+
+
+def test_a_quiet_text_ahead_of_a_burst_runs_in_a_micro_batch_of_its_own():
+    """One quiet text then 63 of a bulk org, micro-batches of 16: the quiet text alone first."""
+    keys = ["quiet"] + ["bulk"] * 63
+    groups = plan_with_head([16] * 64, keys, max_padded_tokens=4096, max_size=16)
+    assert groups[0] == [0]
+    assert [len(g) for g in groups] == [1, 16, 16, 16, 15]
+    # Without the head the quiet text shares its micro-batch with 15 of the burst's.
+    assert [len(g) for g in plan_microbatches([16] * 64, max_padded_tokens=4096, max_size=16,
+                                              order="given")] == [16, 16, 16, 16]
+
+
+def test_no_head_when_the_rest_runs_as_one_call():
+    """A bulk org whose texts run as one call is not cut from the head: the cut adds a call."""
+    keys = ["quiet"] + ["bulk"] * 16
+    assert minority_head(keys, bulk=16) == 1
+    groups = plan_with_head([16] * 17, keys, max_padded_tokens=4096, max_size=16)
+    assert groups == plan_microbatches([16] * 17, max_padded_tokens=4096, max_size=16,
+                                       order="given")
+    assert groups[0] != [0]
+
+
+@given(lengths=st.lists(st.integers(min_value=0, max_value=600), max_size=120),
+       owners=st.lists(st.integers(min_value=0, max_value=3), max_size=120),
+       max_size=st.integers(min_value=1, max_value=32),
+       max_padded_tokens=st.integers(min_value=1, max_value=4096))
+def test_head_plan_is_a_partition_within_budget_and_head_first(lengths, owners, max_size,
+                                                             max_padded_tokens):
+    """Every index once, budgets held, and no head text runs after a text behind the head."""
+    n = min(len(lengths), len(owners))
+    lengths, keys = lengths[:n], sorted(owners[:n], key=owners[:n].count)
+    groups = plan_with_head(lengths, keys, max_padded_tokens=max_padded_tokens,
+                            max_size=max_size)
+    assert sorted(i for g in groups for i in g) == list(range(n))
+    for g in groups:
+        assert len(g) <= max_size
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= max_padded_tokens
+    head = minority_head(keys, bulk=max_size)
+    plain = plan_microbatches(lengths, max_padded_tokens=max_padded_tokens, max_size=max_size,
+                              order="given")
+    rest = plan_microbatches(lengths[head:], max_padded_tokens=max_padded_tokens,
+                             max_size=max_size, order="given")
+    if head and len(rest) >= 2:
+        # The cut: the head's texts run first, in micro-batches of their own.
+        cut = next(k for k, g in enumerate(groups) if g[0] >= head)
+        assert sorted(i for g in groups[:cut] for i in g) == list(range(head))
+        assert all(i >= head for g in groups[cut:] for i in g)
+    else:
+        assert groups == plain
+
+
+def test_keys_and_lengths_must_match():
+    """A key per length, or a clear error."""
+    with pytest.raises(ValueError, match="2 keys for 3 lengths"):
+        plan_with_head([1, 2, 3], ["a", "b"], max_padded_tokens=100, max_size=4)
