@@ -134,6 +134,14 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # before answering, so it bounds consume latency: 10 ms instead of the
     # 500 ms default. 1 ms made the consumer fall behind at 2000 msg/s.
     fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 10
+    # The same for consumers that follow slowly changing state, off every
+    # request's path: the scheduler's state snapshots (published every
+    # state_interval_ms, 250 by default) and the scheduler's leadership
+    # claims. A consumer with nothing to read sends a fetch every wait: at
+    # 10 ms one idle consumer took 6-8 % of a core on the 2-core machine,
+    # at 100 ms about 1 % (bench/idle_cost.py), and the broker serves each.
+    # A record already there is answered at once either way.
+    follow_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 200
     # Group membership. 6 s is the lowest session Apache Kafka accepts by
     # default (group.min.session.timeout.ms) and halves Tansu's group join,
     # which it holds for session_timeout_ms / 2 (5 s at aiokafka's 10 s). A
@@ -347,9 +355,14 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> Producer:
 
 
 def make_consumer(
-    settings: KafkaSettings, *topics: str, group_id: str | None = None, **overrides: Any
+    settings: KafkaSettings, *topics: str, group_id: str | None = None, follower: bool = False,
+    **overrides: Any
 ) -> Consumer:
     """A consumer that commits only when told to and starts from the earliest offset.
+
+    ``follower``: it follows slowly changing state, off every request's path,
+    and waits ``follow_fetch_max_wait_ms`` on an idle fetch, not
+    ``fetch_max_wait_ms``.
 
     Manual commits because every service holds work in memory: an offset is
     committed once its records are done, so a crash replays instead of losing.
@@ -362,7 +375,8 @@ def make_consumer(
         "group_id": group_id,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
-        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
+        "fetch_max_wait_ms": (settings.follow_fetch_max_wait_ms if follower
+                              else settings.fetch_max_wait_ms),
         "session_timeout_ms": settings.session_timeout_ms,
         "heartbeat_interval_ms": settings.heartbeat_interval_ms,
         **_security_kwargs(settings),
@@ -567,6 +581,10 @@ _OPTIONS = (
             "pause between retries of a failed produce (ms)"),
     _Option("fetch_max_wait_ms", "--kafka-fetch-max-wait-ms", "SF_KAFKA_FETCH_MAX_WAIT_MS",
             "longest a fetch waits for data (ms); bounds consume latency"),
+    _Option("follow_fetch_max_wait_ms", "--kafka-follow-fetch-max-wait-ms",
+            "SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS",
+            "the same for consumers of slowly changing state (scheduler state, "
+            "leadership claims), off every request's path (ms)"),
     _Option("session_timeout_ms", "--kafka-session-timeout-ms", "SF_KAFKA_SESSION_TIMEOUT_MS",
             "consumer group session (ms); a dead member is noticed after it"),
     _Option("heartbeat_interval_ms", "--kafka-heartbeat-interval-ms",

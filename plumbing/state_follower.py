@@ -52,7 +52,7 @@ class StateFollower(Background):
         self.consumer = None
 
     async def start(self) -> StateFollower:
-        self.consumer = make_consumer(self.kafka, group_id=None)
+        self.consumer = make_consumer(self.kafka, group_id=None, follower=True)
         await self.consumer.start()
         await self.seek_recent()
         return super().start()

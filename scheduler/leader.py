@@ -241,7 +241,7 @@ class LeaderElection:
 
     async def start(self) -> None:
         self._consumer = make_consumer(
-            self.kafka, group_id=self.group, session_timeout_ms=self.session_timeout_ms,
+            self.kafka, group_id=self.group, follower=True, session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             partition_assignment_strategy=(self._assignor,))
         self._consumer.subscribe([self.topic], listener=_Listener(self))
