@@ -78,7 +78,8 @@ class Dispatcher:
         batch = Batch(id=f"{self.instance}-{self._seq}", endpoint=endpoint,
                       requests=[e.payload for e in entries],
                       tokens=sum(e.tokens for e in entries), created_ms=int(now * 1000),
-                      worker=worker, epoch=self.epoch)
+                      worker=worker, epoch=self.epoch,
+                      round_trip_ms=self.flow.round_trip_ms(worker))
         self.flow.sent(worker, batch.id, now * 1000, batch.tokens)
         self.sent_tokens[batch.id] = batch.tokens
         if len(self.sent_tokens) > _SENT_TOKENS_KEPT:

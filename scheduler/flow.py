@@ -362,6 +362,11 @@ class FlowControl:
 
     # -- views -----------------------------------------------------------------
 
+    def round_trip_ms(self, worker: str) -> float | None:
+        """``worker``'s measured round trip (ms), None until measured or for an unknown worker."""
+        w = self.workers.get(worker)
+        return None if w is None else w.credit.round_trip_ms
+
     def endpoint_workers(self, endpoint: str) -> list[WorkerSlots]:
         return list(self._by_endpoint.get(endpoint, {}).values())
 

@@ -180,6 +180,11 @@ class Batch(Message, kw_only=True):
     worker: str = ""
     #: Leadership epoch of the scheduler that emitted it (failover fencing).
     epoch: Int64 = 0
+    #: The scheduler's estimate of the round trip to this worker (its report
+    #: out, the next batch back; ms), None until measured: the worker returns
+    #: the batch's credit about this long before its last call ends
+    #: (:mod:`worker.credit_return`).
+    round_trip_ms: float | None = None
 
 
 Status = Literal["ok", "rejected", "expired", "invalid", "failed"]

@@ -104,19 +104,19 @@ class _Pending:
 
 
 class _Once:
-    """``fn(arg)`` the first time it is called, nothing after (a batch's credit
-    returns once, however many calls its last micro-batch makes)."""
+    """``fn(arg, expect_s)`` the first time it is called, nothing after (a batch's
+    credit returns once, however many calls its last micro-batch makes)."""
 
     __slots__ = ("_arg", "_fn")
 
-    def __init__(self, fn: Callable[[Any], None], arg: Any) -> None:
-        self._fn: Callable[[Any], None] | None = fn
+    def __init__(self, fn: Callable[[Any, float | None], None], arg: Any) -> None:
+        self._fn: Callable[[Any, float | None], None] | None = fn
         self._arg = arg
 
-    def __call__(self) -> None:
+    def __call__(self, expect_s: float | None = None) -> None:
         fn, self._fn = self._fn, None
         if fn is not None:
-            fn(self._arg)
+            fn(self._arg, expect_s)
 
 
 async def _inline(fn, /, *args, **kwargs):
@@ -145,7 +145,7 @@ class BatchExecutor:
                  window: int | None = None,
                  run_in_thread: RunInThread = asyncio.to_thread,
                  on_microbatch: Callable[[MicrobatchStats], None] | None = None,
-                 on_last_step: Callable[[Batch], None] | None = None,
+                 on_last_step: Callable[[Batch, float | None], None] | None = None,
                  calibration_texts: list[str] | tuple[str, ...] = CALIBRATION_TEXTS):
         if kind not in ("embed", "rerank"):
             raise ValueError(f"kind must be 'embed' or 'rerank', got {kind!r}")
@@ -165,8 +165,14 @@ class BatchExecutor:
         #: the order they ask (asyncio.Lock is FIFO).
         self._model_lock = asyncio.Lock()
         self._on_microbatch = on_microbatch or (lambda s: None)
-        #: Called as a batch's last model call starts (the worker returns its credit then).
-        self._on_last_step = on_last_step or (lambda b: None)
+        #: Called as a batch's last model call starts, with that call's expected
+        #: seconds (None: not known): the worker returns the batch's credit
+        #: during that call (:mod:`worker.credit_return`).
+        self._on_last_step = on_last_step or (lambda b, expect_s: None)
+        #: Moving average of a model call's seconds per padded token, from the
+        #: calls of at least a quarter of the budget (small calls are mostly
+        #: fixed cost): the expected time of a batch's last call.
+        self.seconds_per_padded_token: float | None = None
         #: int8/uint8 ranges per option set (worker.calibration).
         self.calibration = RangeCache(calibration_texts)
 
@@ -202,17 +208,19 @@ class BatchExecutor:
             return await self._thread(fn, *args, **kwargs)
 
     async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
-                          on_start: _Once | None = None, **kwargs) -> tuple[Any, float]:
+                          on_start: _Once | None = None, expect_s: float | None = None,
+                          **kwargs) -> tuple[Any, float]:
         """A model call and the seconds it had the model (its wait for the lock excluded).
 
         ``started``: the requests this call computes; the first call that
         gets the model for one stamps its ``started_ms``. ``on_start``: run
         once the call has the model (a batch's credit returns then, not while
-        its last call still waits behind another batch's).
+        its last call still waits behind another batch's), told ``expect_s``,
+        the call's expected seconds.
         """
         async with self._model_lock:
             if on_start is not None:
-                on_start()
+                on_start(expect_s)
             now = _now_ms()
             for p in started:
                 if p.started_ms is None:
@@ -365,7 +373,9 @@ class BatchExecutor:
             out, seconds = await self._timed_call(
                 model.encode, [texts[k] for k in idx], lengths=[lengths[k] for k in idx],
                 started=[pending[i] for i in sorted({owner[k][0] for k in idx})],
-                on_start=on_start, **extra)
+                on_start=on_start,
+                expect_s=self._expect_s([min(lengths[k], model.max_seq_length) for k in idx]),
+                **extra)
         except Exception:  # noqa: BLE001 - retried request by request below
             out = None
         if out is not None:
@@ -393,8 +403,19 @@ class BatchExecutor:
         total = sum(capped) or 1
         for c, k in zip(capped, idx):
             pending[owner[k][0]].seconds += seconds * c / total
-        self._on_microbatch(MicrobatchStats(seconds, sum(capped),
-                                            padded_tokens([list(range(len(idx)))], capped)))
+        padded = padded_tokens([list(range(len(idx)))], capped)
+        if padded * 4 >= self.max_padded_tokens and seconds >= 0:
+            sample = seconds / padded
+            ema = self.seconds_per_padded_token
+            self.seconds_per_padded_token = sample if ema is None else 0.8 * ema + 0.2 * sample
+        self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
+
+    def _expect_s(self, capped: list[int]) -> float | None:
+        """Expected seconds of a call on texts of these (capped) lengths; None if not known."""
+        padded = len(capped) * max(capped, default=0)
+        if self.seconds_per_padded_token is None or padded * 4 < self.max_padded_tokens:
+            return None  # small calls are mostly fixed cost: no estimate
+        return self.seconds_per_padded_token * padded
 
     @staticmethod
     def _place(pending, where, vector, truncated: bool) -> None:

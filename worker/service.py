@@ -80,6 +80,7 @@ from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Batch, BatchTiming, Result, WorkerEvent
 from schemas.topics import Topics
+from worker.credit_return import release_delay_s
 from worker.execute import BatchExecutor, MicrobatchStats, Served
 from worker.metrics import WorkerMetrics
 
@@ -382,8 +383,21 @@ class WorkerService(Service):
         """Batches in hand that still count against ``slots`` (credit not returned)."""
         return len(self._in_hand) - len(self._released)
 
-    def _release(self, batch: Batch) -> None:
-        """``batch`` starts its last micro-batch: return its credit now, not after it."""
+    def _release(self, batch: Batch, expect_s: float | None = None) -> None:
+        """``batch`` starts its last call, expected to take ``expect_s``: return its credit
+        during that call, a round trip before its end (:mod:`worker.credit_return`)."""
+        delay = release_delay_s(expect_s, batch.round_trip_ms)
+        if delay > 0:
+            self.spawn(self._release_after(batch, delay), "released_event_send")
+            return
+        self._release_now(batch)
+
+    async def _release_after(self, batch: Batch, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self._release_now(batch)
+
+    def _release_now(self, batch: Batch) -> None:
+        # A batch finished meanwhile has already said so with its batch_done.
         if batch.id not in self._in_hand or batch.id in self._released:
             return
         self._released.add(batch.id)

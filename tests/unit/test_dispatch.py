@@ -64,6 +64,23 @@ def test_batches_fill_the_credit_and_carry_run_order_and_the_epoch():
     assert disp.in_flight_tokens("embed", 8) == sum(o.batch.tokens for o in out)
 
 
+def test_a_batch_carries_the_round_trip_measured_to_its_worker():
+    """None before the worker's first report; then the credit's measured round trip."""
+    core, flow, backlog, disp = _setup()
+    _hello(flow, 1000)
+    _hold(core, backlog, [_entry(i, "bulk") for i in range(16)])
+    first = list(disp.batches(1.0, may=lambda: True, on_expired=list))
+    assert first and all(o.batch.round_trip_ms is None for o in first)
+    done = first[0].batch
+    # Sent at 1,000 ms, reported at 1,100 after the worker held it 70: 30 ms of round trip.
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done", partitions=[0, 1],
+                             slots=2, free_slots=2, sent_ms=1100, batch_id=done.id,
+                             batch_tokens=done.tokens, held_ms=70, service_ms=60), 1100)
+    assert flow.round_trip_ms("w") == 30
+    again = list(disp.batches(1.2, may=lambda: True, on_expired=list))
+    assert again and all(o.batch.round_trip_ms == 30 for o in again)
+
+
 def backlog_tokens_removed(out) -> int:
     return sum(e.tokens for o in out for e in o.entries)
 

@@ -3,6 +3,8 @@
 import asyncio
 import threading
 
+import pytest
+
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput
 from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder, FakeReranker
@@ -170,7 +172,7 @@ async def test_two_batches_in_hand_take_the_model_in_turn_and_release_when_they_
         return fn(*args, **kwargs)
 
     ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner,
-                       on_last_step=lambda b: released.append(b.id))
+                       on_last_step=lambda b, expect_s: released.append(b.id))
     one = Batch(id="b1", endpoint="e", requests=[req(1, ["first"])], tokens=3, created_ms=3)
     two = Batch(id="b2", endpoint="e", requests=[req(2, ["second"])], tokens=3, created_ms=3)
     first = asyncio.create_task(collect(ex, one))
@@ -182,3 +184,23 @@ async def test_two_batches_in_hand_take_the_model_in_turn_and_release_when_they_
     gate.set()
     await asyncio.wait_for(asyncio.gather(first, second), 10)
     assert calls == ["first", "second"] and released == ["b1", "b2"]
+
+
+async def test_the_last_call_is_announced_with_its_expected_time_once_calls_are_measured():
+    """No estimate before any call is measured; then the rate measured so far times its size."""
+    told: list[tuple[float | None, float | None]] = []
+    ex = BatchExecutor(FakeEmbedder(ms_per_token=0.5), "embed", worker="w",
+                       max_padded_tokens=16, max_size=4, run_in_thread=_inline,
+                       on_last_step=lambda b, expect_s: told.append(
+                           (expect_s, ex.seconds_per_padded_token)))
+    four_words = ["one two three four"]
+    await collect(ex, batch([req(i, four_words) for i in range(4)]))  # one call of 4 x 4
+    assert told == [(None, None)]
+    await collect(ex, batch([req(i, four_words) for i in range(4)] + [req(9, ["one two"])]))
+    # Two calls: 4 x 4 tokens (measured), then 1 x 2 tokens: too small to estimate.
+    assert told[1][0] is None
+    await collect(ex, batch([req(i, four_words) for i in range(8)]))
+    # Two calls of 4 x 4: the last one's estimate is the rate measured before it, x 16.
+    expect_s, rate = told[2]
+    assert rate is not None and rate > 0
+    assert expect_s == pytest.approx(rate * 16)
