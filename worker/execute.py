@@ -170,8 +170,9 @@ class BatchExecutor:
         #: during that call (:mod:`worker.credit_return`).
         self._on_last_step = on_last_step or (lambda b, expect_s: None)
         #: Moving average of a model call's seconds per padded token, from the
-        #: calls of at least a quarter of the budget (small calls are mostly
-        #: fixed cost): the expected time of a batch's last call.
+        #: calls of at least half ``max_size`` texts or a quarter of the budget
+        #: (smaller calls are mostly fixed cost): the expected time of a
+        #: batch's last call.
         self.seconds_per_padded_token: float | None = None
         #: int8/uint8 ranges per option set (worker.calibration).
         self.calibration = RangeCache(calibration_texts)
@@ -404,16 +405,20 @@ class BatchExecutor:
         for c, k in zip(capped, idx):
             pending[owner[k][0]].seconds += seconds * c / total
         padded = padded_tokens([list(range(len(idx)))], capped)
-        if padded * 4 >= self.max_padded_tokens and seconds >= 0:
+        if self._sizeable(len(idx), padded) and seconds >= 0:
             sample = seconds / padded
             ema = self.seconds_per_padded_token
             self.seconds_per_padded_token = sample if ema is None else 0.8 * ema + 0.2 * sample
         self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
 
+    def _sizeable(self, texts: int, padded: int) -> bool:
+        """A call big enough for its time to go with its padded tokens (not its fixed cost)."""
+        return texts * 2 >= self.max_size or padded * 4 >= self.max_padded_tokens
+
     def _expect_s(self, capped: list[int]) -> float | None:
         """Expected seconds of a call on texts of these (capped) lengths; None if not known."""
         padded = len(capped) * max(capped, default=0)
-        if self.seconds_per_padded_token is None or padded * 4 < self.max_padded_tokens:
+        if self.seconds_per_padded_token is None or not self._sizeable(len(capped), padded):
             return None  # small calls are mostly fixed cost: no estimate
         return self.seconds_per_padded_token * padded
 
