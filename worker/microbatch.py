@@ -46,10 +46,14 @@ The minority head (:func:`plan_with_head`)
     off at the first text of a *bulk* key (one with at least ``max_size``
     texts in the batch), the texts ahead of it run in micro-batches of their
     own and come back after a call of their own size. The cut is made only
-    when the rest still takes two micro-batches or more, where one small call
-    more is a small share of the batch's time (a batch that runs as a single
-    call, as on a GPU, is left whole: there the extra call would cost a
-    noticeable share and save a few milliseconds).
+    when the rest still takes ``HEAD_MIN_REST_CALLS`` (3) micro-batches or
+    more, where one small call more is a small share of the batch's time (on
+    the CPU demo, 4 calls of 75-150 ms each and a head of 20-30 ms). A batch
+    of one or two calls, as a GPU runs them, is left whole: there the extra
+    call's fixed cost is a noticeable share of a batch of tens of ms, and it
+    would save a quiet request a few ms (``bench/gpu_feed.py --quick``, two
+    runs each way: 1,425 and 1,279 requests/s with the cut at two calls,
+    1,462 and 1,569 without).
 """
 
 from __future__ import annotations
@@ -58,10 +62,14 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
-__all__ = ["MicrobatchOrder", "minority_head", "padded_tokens", "plan_microbatches",
+__all__ = ["HEAD_MIN_REST_CALLS", "MicrobatchOrder", "minority_head", "padded_tokens", "plan_microbatches",
            "plan_with_head"]
 
 MicrobatchOrder = Literal["sorted", "given"]
+
+#: The fewest micro-batches the rest of a batch must take for its minority
+#: head to run on its own (:func:`plan_with_head`).
+HEAD_MIN_REST_CALLS = 3
 
 
 def _costs(lengths: Sequence[int], max_seq_length: int | None) -> list[int]:
@@ -168,7 +176,7 @@ def plan_with_head(
     ``keys[i]`` is the owner of text ``i`` (its org), in the batch's run
     order. The texts ahead of the first text of a key with ``max_size`` or
     more texts are planned as micro-batches of their own, first, when the
-    rest still needs two micro-batches or more; otherwise this is
+    rest still needs ``HEAD_MIN_REST_CALLS`` micro-batches or more; otherwise this is
     :func:`plan_microbatches` of the whole. Every index appears exactly once.
     """
     if len(keys) != len(lengths):
@@ -178,7 +186,7 @@ def plan_with_head(
     head = minority_head(keys, bulk=max_size)
     if head:
         rest = plan_microbatches(lengths[head:], **kw)
-        if len(rest) >= 2:
+        if len(rest) >= HEAD_MIN_REST_CALLS:
             return plan_microbatches(lengths[:head], **kw) + [
                 [head + i for i in group] for group in rest]
     return plan_microbatches(lengths, **kw)
