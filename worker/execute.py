@@ -405,7 +405,7 @@ class BatchExecutor:
         for c, k in zip(capped, idx):
             pending[owner[k][0]].seconds += seconds * c / total
         padded = padded_tokens([list(range(len(idx)))], capped)
-        if self._sizeable(len(idx), padded) and seconds >= 0:
+        if padded > 0 and seconds >= 0 and self._sizeable(len(idx), padded):
             sample = seconds / padded
             ema = self.seconds_per_padded_token
             self.seconds_per_padded_token = sample if ema is None else 0.8 * ema + 0.2 * sample

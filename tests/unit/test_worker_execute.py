@@ -204,3 +204,13 @@ async def test_the_last_call_is_announced_with_its_expected_time_once_calls_are_
     expect_s, rate = told[2]
     assert rate is not None and rate > 0
     assert expect_s == pytest.approx(rate * 16)
+
+
+async def test_texts_of_no_tokens_are_served_and_leave_the_estimate_alone():
+    """Empty texts pad to nothing: served ok, no rate measured from a call of 0 tokens."""
+    ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", max_padded_tokens=16, max_size=4,
+                       run_in_thread=_inline)
+    steps = await collect(ex, batch([req(i, [""]) for i in range(4)]))
+    assert sorted(r.id for s in steps for r in s) == ["r0", "r1", "r2", "r3"]
+    assert all(r.status == "ok" for s in steps for r in s)
+    assert ex.seconds_per_padded_token is None
