@@ -65,6 +65,8 @@ class Sent:
     result: Result | None = None
     done_s: float | None = None
     done_ms: float | None = None  # wall clock, to compare with the results' stamps
+    #: Wall clock (epoch ms) when the broker acknowledged the request's append.
+    acked_ms: float | None = None
 
 
 @dataclass
@@ -169,6 +171,7 @@ class Traffic:
         sent = self.phase.sent[rid] = Sent(org, self.config.orgs[org].tier, endpoint,
                                            time.monotonic())
         await self.client.submit({"id": rid, "org": org, "endpoint": endpoint, "input": inp})
+        sent.acked_ms = time.time() * 1000
         self.waiting.append(asyncio.create_task(self._await(rid, sent)))
 
     async def _await(self, rid: str, sent: Sent) -> None:
@@ -428,6 +431,24 @@ def _stages(phase: Phase) -> str:
     return stage_line(_stage_times(phase), label="quiet orgs, time per stage")
 
 
+def _ingress_split(phase: Phase) -> dict[str, list[float]]:
+    """The "to admission" stage in two: the ingress append (sent -> the broker's
+    acknowledgement, the client's clock) and the wait for admission's fetch after it."""
+    out: dict[str, list[float]] = {"ingress append": [], "acknowledged -> fetched": []}
+    for s in phase.sent.values():
+        r = s.result
+        if s.org not in QUIET_ORGS or r is None or r.status != "ok" or s.acked_ms is None \
+                or r.created_ms is None or r.fetched_ms is None:
+            continue
+        out["ingress append"].append(s.acked_ms - r.created_ms)
+        out["acknowledged -> fetched"].append(r.fetched_ms - s.acked_ms)
+    return out
+
+
+def _ingress_line(phase: Phase) -> str:
+    return stage_line(_ingress_split(phase), label="  to admission, split")
+
+
 def _stage_table(phases: list[Phase]) -> str:
     """The quiet orgs' p99 per stage, one column per phase (unloaded first)."""
     times = [_stage_times(p) for p in phases]
@@ -526,6 +547,7 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -
                          worker_nice=worker_nice)
         print(_table(phase), file=out)
         print(_stages(phase), file=out)
+        print(_ingress_line(phase), file=out)
         print(f"({phase.elapsed_s:.1f} s)", file=out, flush=True)
     served = served_full_batches(log_path, "embed", FULL_BATCH_SHARE * ep.max_batch_tokens)
     return _summary(phases, full_ms, args, out, served)
@@ -630,7 +652,9 @@ def _summary(phases: list[Phase], full_ms: float, args, out,
         figures["phases"][p.name] = {
             "quiet_p99_ms": p99, "quiet_p50_ms": percentile_ms(p.quiet_ms(), 50),
             "sent": len(p.sent), "missing": lost, "elapsed_s": p.elapsed_s,
-            "stages_p99_ms": {k: percentile_ms(v, 99) for k, v in stages.items()}}
+            "stages_p99_ms": {k: percentile_ms(v, 99) for k, v in stages.items()},
+            "to_admission_split_p99_ms": {k: percentile_ms(v, 99)
+                                          for k, v in _ingress_split(p).items()}}
         print(check(f"{p.name}: nothing missing", lost == 0,
                     f"{p.name:<38} missing results {lost:>6}"), file=out)
         if p.policy != "drr" or p is phases[0]:
