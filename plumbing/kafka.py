@@ -249,16 +249,40 @@ class Consumer(AIOKafkaConsumer):
     ``fetch_stalled`` warning (and ``fetch_resumed`` when records come), as
     on the embedded broker once a partition is too long to list in a
     fetch's wait (:mod:`plumbing.fetchwatch`).
+
+    And a partition's unread records never hold back a fetch of the others.
+    aiokafka sends a broker no fetch at all while any of its partitions has
+    records fetched less than ``prefetch_backoff`` ago (100 ms, not a setting
+    of ``AIOKafkaConsumer``) and not yet handed out. A consumer that reads in
+    slices (the scheduler's intake, 500 records a call) then left a record
+    on a quiet partition unfetched for up to that long behind a burst's
+    buffered records on another. ``prefetch_backoff_s`` replaces it (0 by
+    default): a partition with unread records is still not fetched again (the
+    buffer stays at one fetch per partition); the others are fetched at once.
     """
 
     def __init__(self, *topics: str, gap_grace_s: float = 0.5, stall_after_s: float = 10.0,
-                 **kwargs: Any) -> None:
+                 prefetch_backoff_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(*topics, **kwargs)
+        self.prefetch_backoff_s = prefetch_backoff_s
         self._contiguity = Contiguity(gap_grace_s)
         self._watch = FetchWatch(stall_after_s)
         self.gaps_refetched = 0
         self.gaps_skipped = 0
         self.stalls = 0
+
+    async def start(self) -> None:
+        await super().start()
+        # aiokafka 0.14 internals, read defensively: without them the
+        # consumer works as aiokafka's own, and says so once.
+        fetcher = getattr(self, "_fetcher", None)
+        if fetcher is not None and isinstance(getattr(fetcher, "_prefetch_backoff", None),
+                                              int | float):
+            fetcher._prefetch_backoff = self.prefetch_backoff_s
+        else:
+            log.warning("prefetch_backoff_unset", prefetch_backoff_s=self.prefetch_backoff_s,
+                        detail="aiokafka's fetcher has no _prefetch_backoff: a partition's "
+                               "unread records may hold back fetches of the others")
 
     def _assignment(self):
         subscription = self._subscription.subscription
