@@ -75,9 +75,10 @@ ORGS = ("acme", "bulkcorp", "quiet-1", "quiet-2", "searchco")
 _codec = codec_for(Request)
 
 
-def bench_config(prefix: str) -> Built:
-    """The shipped example configuration under ``prefix``."""
-    return build_config(base=(ROOT / "examples" / "config.toml").read_text(), prefix=prefix)
+def bench_config(prefix: str, **changes) -> Built:
+    """The shipped example configuration under ``prefix``, with ``changes`` (build_config's)."""
+    return build_config(base=(ROOT / "examples" / "config.toml").read_text(), prefix=prefix,
+                        **changes)
 
 
 def make_items(n: int, tokens: int) -> list[ReplayItem]:
@@ -224,9 +225,8 @@ async def amain(args: argparse.Namespace) -> dict:
                 # Profiling slows every call ~2x: a latency target long enough
                 # that the throttle refuses nothing in the profiled round.
                 prefix = f"benchq{uuid.uuid4().hex[:6]}."
-                config = build_config(
-                    base=(ROOT / "examples" / "config.toml").read_text(), prefix=prefix,
-                    endpoints={"embed": {"latency_target_ms": 600_000}}).config
+                config = bench_config(
+                    prefix, endpoints={"embed": {"latency_target_ms": 600_000}}).config
                 async with Stack(config, kafka, model="fake", endpoints=["embed"]):
                     await pipeline_round(kafka, config, items[:200])
                     profiler = cProfile.Profile()

@@ -417,7 +417,7 @@ class BatchExecutor:
 
     def _expect_s(self, capped: list[int]) -> float | None:
         """Expected seconds of a call on texts of these (capped) lengths; None if not known."""
-        padded = len(capped) * max(capped, default=0)
+        padded = padded_tokens([list(range(len(capped)))], capped)
         if self.seconds_per_padded_token is None or not self._sizeable(len(capped), padded):
             return None  # small calls are mostly fixed cost: no estimate
         return self.seconds_per_padded_token * padded

@@ -62,8 +62,8 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
-__all__ = ["HEAD_MIN_REST_CALLS", "MicrobatchOrder", "minority_head", "padded_tokens", "plan_microbatches",
-           "plan_with_head"]
+__all__ = ["HEAD_MIN_REST_CALLS", "MicrobatchOrder", "minority_head", "padded_tokens",
+           "plan_microbatches", "plan_with_head"]
 
 MicrobatchOrder = Literal["sorted", "given"]
 
