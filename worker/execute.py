@@ -137,6 +137,11 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _call_padded(capped: list[int]) -> int:
+    """Padded tokens of one model call on texts of these (capped) lengths."""
+    return padded_tokens([range(len(capped))], capped)
+
+
 class BatchExecutor:
     """Runs batches of one endpoint on one model (an Embedder or a Reranker)."""
 
@@ -404,7 +409,7 @@ class BatchExecutor:
         total = sum(capped) or 1
         for c, k in zip(capped, idx):
             pending[owner[k][0]].seconds += seconds * c / total
-        padded = padded_tokens([list(range(len(idx)))], capped)
+        padded = _call_padded(capped)
         if padded > 0 and seconds >= 0 and self._sizeable(len(idx), padded):
             sample = seconds / padded
             ema = self.seconds_per_padded_token
@@ -417,7 +422,7 @@ class BatchExecutor:
 
     def _expect_s(self, capped: list[int]) -> float | None:
         """Expected seconds of a call on texts of these (capped) lengths; None if not known."""
-        padded = padded_tokens([list(range(len(capped)))], capped)
+        padded = _call_padded(capped)
         if self.seconds_per_padded_token is None or not self._sizeable(len(capped), padded):
             return None  # small calls are mostly fixed cost: no estimate
         return self.seconds_per_padded_token * padded
@@ -483,9 +488,7 @@ class BatchExecutor:
                     break
                 indices, out = item
                 capped = [min(lengths[i], limit) for i in indices]
-                self._on_microbatch(MicrobatchStats(
-                    seconds, sum(capped),
-                    padded_tokens([list(range(len(capped)))], capped)))
+                self._on_microbatch(MicrobatchStats(seconds, sum(capped), _call_padded(capped)))
                 for row, i in enumerate(indices):
                     scores[i] = float(out.scores[row])
                     truncated[i] = bool(out.truncated[row])
