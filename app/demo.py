@@ -45,6 +45,7 @@ from typing import Any
 
 from app.demo_burst import burst_main
 from app.demo_burst import text as _text
+from plumbing.heap import settle
 from plumbing.kafka import KafkaSettings
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Result
@@ -280,6 +281,7 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                                 cpus=worker_cpus, nice=worker_nice) as stack, \
                 FairnessClient(kafka, config) as client:
             await _warm_up(client, config, timeout_s=120)
+            settle()  # the model timed at start, the clients: never walked again
             burst = (Burst(broker.bootstrap, config_path, phase.burst, timeout_s, burst_nice)
                      if phase.burst else None)
             try:

@@ -45,6 +45,7 @@ def burst_main(conn, bootstrap: str, config_path: str, org: str, endpoint: str, 
 
 async def _burst(conn, bootstrap: str, config_path: str, org: str, endpoint: str, n: int,
                  timeout_s: float) -> None:
+    from plumbing.heap import settle
     from plumbing.kafka import KafkaSettings
     from producer.client import FairnessClient
     from schemas.config import load_config
@@ -53,6 +54,7 @@ async def _burst(conn, bootstrap: str, config_path: str, org: str, endpoint: str
     kafka = KafkaSettings(bootstrap=bootstrap)  # a client only: no group to time out
     records: dict[str, list] = {}
     async with FairnessClient(kafka, config, wire_format="msgpack") as client:
+        settle()
         conn.send(("ready",))
         await asyncio.to_thread(conn.recv)  # "go"
 

@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from plumbing.bounded import cancel_within, within
 from plumbing.brokerwatch import BrokerWatch
+from plumbing.heap import settle
 from plumbing.kafka import KafkaSettings, kafka_endpoint
 from plumbing.logs import get_logger
 from plumbing.settings import ServiceSettings
@@ -327,5 +328,6 @@ async def serve(make: Callable[[KafkaSettings], Service], kafka: KafkaSettings) 
             loop.add_signal_handler(sig, service.request_stop)
         loop.add_signal_handler(signal.SIGHUP, service.request_reload)
         async with service:
+            settle()  # started: what start-up made is never walked again
             await service.run()
     return 0
