@@ -23,6 +23,7 @@ from typing import Any, Self
 import msgspec
 
 from plumbing.bounded import cancel_within, within
+from plumbing.heap import settle
 from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
 from producer.service import AdmissionService, AdmissionSettings
 from scheduler.service import SchedulerService, SchedulerSettings
@@ -181,6 +182,7 @@ async def _main(config: Config, kafka: KafkaSettings, args: argparse.Namespace) 
         kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
         async with Stack(config, kafka, policy=args.policy, model=args.model,
                          workers=args.workers, metrics_port=args.metrics_port) as stack:
+            settle()  # as a service command does once started (plumbing.heap)
             topics = Topics.of(config)
             print(f"pipeline ready: bootstrap {bootstrap}, send requests to {topics.ingress!r}, "
                   f"results on {topics.results!r}", file=sys.stderr, flush=True)
