@@ -6,10 +6,9 @@ generation each time it runs. A service's start-up leaves tens of thousands
 of such objects alive for good (modules, configuration, clients), a worker
 with a real model about 420,000 (torch and sentence-transformers), and each
 collection of the oldest generation walked them all again: measured in the
-demo, pauses of 57 ms in admission and 71-81 ms in the scheduler during a
-burst, 210-220 ms in a bursting client, 213-220 ms for one full collection
-in a process that has imported the model's libraries (``docs/benchmarks.md``,
-"Collector pauses").
+demo, full collections of 52-95 ms in admission and the scheduler during its
+bursts, and 213-221 ms for one in a process that has imported torch and
+sentence-transformers (``docs/benchmarks.md``, "Collector pauses").
 
 :func:`settle` is called once a process has started (the model loaded, the
 clients connected): one full collection, then :func:`gc.freeze`, which moves
