@@ -7,7 +7,7 @@ of such objects alive for good (modules, configuration, clients), a worker
 with a real model about 420,000 (torch and sentence-transformers), and each
 collection of the oldest generation walked them all again: measured in the
 demo, full collections of 52-95 ms in admission and the scheduler during its
-bursts, and 213-221 ms for one in a process that has imported torch and
+bursts, and 213-297 ms for one in a process that has imported torch and
 sentence-transformers (``docs/benchmarks.md``, "Collector pauses").
 
 :func:`settle` is called once a process has started (the model loaded, the
