@@ -2,9 +2,9 @@
 
 Run a command with the watch on, then print what each process paused for:
 
-    mkdir -p /tmp/gc && SF_GCWATCH_DIR=/tmp/gc PYTHONPATH=bench/gcwatch \\
+    mkdir -p out/gc && SF_GCWATCH_DIR=out/gc PYTHONPATH=bench/gcwatch \\
         serving-fairness demo --skip-x5
-    python bench/gc_pauses.py /tmp/gc
+    python bench/gc_pauses.py out/gc
 
 One row per process: its command, then per generation the collections, their
 total and their longest, split into those before the process froze its
