@@ -21,9 +21,8 @@ from pathlib import Path
 
 
 def _name(argv: list[str]) -> str:
+    """The program and its first word (``cli.py scheduler``); ``-c`` for an inline one."""
     words = [a for a in argv if not a.startswith("-")]
-    if len(words) > 1 and words[0].endswith(("cli.py", "serving-fairness")):
-        return " ".join(Path(w).name for w in words[:2])
     return " ".join(Path(w).name for w in words[:2]) or "-c"
 
 
