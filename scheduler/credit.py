@@ -17,7 +17,10 @@ What is measured, per worker, from its ``batch_done`` reports:
   exponential moving average;
 * ``round_trip_ms``: the scheduler's own clock from sending a batch to
   reading its report, less the time the worker says it held the batch:
-  the two hops and whatever both sides add, without the work itself.
+  the two hops and whatever both sides add, without the work itself;
+* ``round_trip_dev_ms``: how far the round trip strays from its average
+  (a moving mean deviation, as TCP's retransmission timer keeps it, RFC
+  6298).
 
 The rule (:meth:`Credit.room`), for a worker with ``n`` unreleased batches
 outstanding of estimated total ``work`` ms:
@@ -25,19 +28,30 @@ outstanding of estimated total ``work`` ms:
 * never more than ``cap`` unreleased batches (``service.worker_slots``);
 * always room for one when none is outstanding (a worker with nothing to
   do gets work, whatever the estimates say);
-* otherwise room while ``work < min(round_trip, max_outstanding_ms)``: the
-  batch the worker runs has returned its credit (see below), so what is
-  unreleased is the work queued behind it, and a round trip of it is what
-  keeps the worker from running dry while the next batch is on its way:
-  the worker holds the batch it runs plus about a round trip of work. Never
-  beyond the configured ceiling, which bounds what a quiet org's request can
-  find ahead of it. When the round trip is shorter than a batch (a local
-  network, a GPU batch of tens of ms) that is one batch queued behind the
-  running one: a quiet request waits for at most the running batch, the
-  queued one and its own, the bound ``bench/isolation.py`` checks. (The
-  first rule counted a full batch on top of the round trip, which double
-  counted the running batch: two batches queued, one more batch of wait,
-  measured in ``docs/benchmarks.md``.)
+* otherwise room while ``work < min(cover, max_outstanding_ms)`` where
+  ``cover = round_trip + DEV_WEIGHT x round_trip_dev``: the batch the worker
+  runs has returned its credit (see below), so what is unreleased is the
+  work queued behind it, and a round trip of it is what keeps the worker
+  from running dry while the next batch is on its way: the worker holds the
+  batch it runs plus about a round trip of work. About: the next batch comes
+  back in a round trip *this time*, not on average, and a worker covered for
+  the average runs dry on every round trip longer than it. Two mean
+  deviations above the average cover about 19 round trips in 20 (for a
+  normal spread the mean deviation is ~0.8 sigma); the term vanishes where
+  the round trip is steady. (TCP's retransmission timer takes 4 deviations,
+  for a rarer event; with 4 here ``bench/gpu_feed.py --quick`` kept one
+  worker busier, 0.82-0.83 against 0.76-0.78 with 2, but
+  ``bench/isolation.py --quick`` found a second batch queued ahead of the
+  quiet orgs: their worker-queue p99 under the larger burst 64-77 ms against
+  30-37. ``docs/benchmarks.md`` has the runs.) Never beyond the configured
+  ceiling, which bounds what a quiet org's request can find ahead of it.
+  When the cover is shorter than a batch (a local network, a CPU batch of
+  tens of ms or more) that is one batch queued behind the running one: a quiet
+  request waits for at most the running batch, the queued one and its own,
+  the bound ``bench/isolation.py`` checks. (The first rule counted a full
+  batch on top of the round trip, which double counted the running batch:
+  two batches queued, one more batch of wait, measured in
+  ``docs/benchmarks.md``.)
 
 A worker returns a batch's credit when it *starts* the batch's last
 micro-batch (it lists the batch as ``released``), so the next batch is on
@@ -55,7 +69,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Credit"]
+__all__ = ["DEV_WEIGHT", "Credit"]
+
+#: Round-trip deviations a worker's queued work covers beyond the average.
+DEV_WEIGHT = 2.0
 
 
 @dataclass
@@ -71,6 +88,8 @@ class Credit:
     ms_per_token: float | None = None
     #: EMA of the round trip without the worker's own time (None: not measured).
     round_trip_ms: float | None = None
+    #: EMA of |round trip - its EMA| (0 until a second sample).
+    round_trip_dev_ms: float = 0.0
     samples: int = 0
 
     def observe(self, *, tokens: int, service_ms: float, round_trip_ms: float | None) -> None:
@@ -88,8 +107,15 @@ class Credit:
             self.samples += 1
         if round_trip_ms is not None and round_trip_ms < float("inf"):
             rt = max(0.0, round_trip_ms)
-            self.round_trip_ms = rt if self.round_trip_ms is None else (
-                (1 - a) * self.round_trip_ms + a * rt)
+            if self.round_trip_ms is not None:
+                self.round_trip_dev_ms = ((1 - a) * self.round_trip_dev_ms
+                                          + a * abs(rt - self.round_trip_ms))
+                rt = (1 - a) * self.round_trip_ms + a * rt
+            self.round_trip_ms = rt
+
+    def cover_ms(self) -> float:
+        """The round trip a worker's queued work should cover: average + deviations."""
+        return (self.round_trip_ms or 0.0) + DEV_WEIGHT * self.round_trip_dev_ms
 
     def estimate_ms(self, tokens: int) -> float:
         """Estimated service time of a batch of ``tokens`` (0 until measured)."""
@@ -106,4 +132,4 @@ class Credit:
         if self.ms_per_token is None:
             return False  # not measured yet: one batch at a time until its report
         work = sum(self.estimate_ms(t) for t in held)
-        return work < min(self.round_trip_ms or 0.0, max_outstanding_ms)
+        return work < min(self.cover_ms(), max_outstanding_ms)

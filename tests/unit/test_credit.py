@@ -96,6 +96,40 @@ def test_credit_follows_a_changing_round_trip():
     assert short == 2 and long == 8 and again == 2
 
 
+def test_a_round_trip_that_varies_is_covered_beyond_its_average():
+    """Same average round trip, one steady and one jittery: the jittery one gets more work.
+
+    The next batch comes back in this round trip, not the average one: a
+    worker covered for the average runs dry on every longer one.
+    """
+    def held(trips: list[float]) -> int:
+        f = flow()
+        f.observe(ev("hello", sent=0), 0)
+        now = 1.0
+        for rt in trips:
+            now = measure(f, now, service_ms=16, round_trip_ms=rt, rounds=1)
+        return len(fill(f, now, "b"))
+
+    steady = [20.0] * 40
+    jittery = [5.0, 35.0] * 20  # average 20, mean deviation 15
+    # Steady: work < 20 -> 0, 16: 2 batches. Jittery: cover ~ 20 + 2 x 15 = 50
+    # -> 0, 16, 32, 48: 4 batches.
+    assert held(steady) == 2
+    assert held(jittery) == 4
+
+
+def test_the_deviation_fades_when_the_round_trip_settles():
+    """A jittery spell, then a steady one: the extra cover goes away again."""
+    c = Credit()
+    for rt in [5.0, 35.0] * 20:
+        c.observe(tokens=FULL, service_ms=10, round_trip_ms=rt)
+    jittery = c.cover_ms()
+    for _ in range(60):
+        c.observe(tokens=FULL, service_ms=10, round_trip_ms=20.0)
+    assert jittery > 40
+    assert 20.0 <= c.cover_ms() < 20.5
+
+
 def test_max_outstanding_ms_caps_what_a_long_round_trip_would_ask_for():
     """A round trip of seconds must not queue seconds of work ahead of everyone."""
     f = flow(max_outstanding_ms=100)
