@@ -211,7 +211,21 @@ class BatchExecutor:
     async def _model_call(self, fn, /, *args, **kwargs):
         """``fn`` run as a model call: one at a time, in the order asked."""
         async with self._model_lock:
-            return await self._thread(fn, *args, **kwargs)
+            out = await self._thread(fn, *args, **kwargs)
+        await self._hand_over()
+        return out
+
+    async def _hand_over(self) -> None:
+        """Let the call waiting for the model start before this one's results are handled.
+
+        The lock wakes the next call, but this task runs on until its next
+        await: its results (built, encoded, handed to the producer) would
+        otherwise keep the model idle for as long as they take. One turn of
+        the loop lets the woken call reach its thread first. Not for a model
+        called on the loop itself: nothing overlaps there.
+        """
+        if self._thread is not _inline:
+            await asyncio.sleep(0)
 
     async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
                           on_start: _Once | None = None, expect_s: float | None = None,
@@ -233,7 +247,9 @@ class BatchExecutor:
                     p.started_ms = now
             t0 = time.perf_counter()
             out = await self._thread(fn, *args, **kwargs)
-            return out, time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+        await self._hand_over()
+        return out, seconds
 
     # -- embeddings ------------------------------------------------------------
 

@@ -186,6 +186,45 @@ async def test_two_batches_in_hand_take_the_model_in_turn_and_release_when_they_
     assert calls == ["first", "second"] and released == ["b1", "b2"]
 
 
+async def test_the_next_batch_gets_the_model_before_the_last_ones_results_are_handled():
+    """A call's end hands the model to the call waiting for it, then its results are handled.
+
+    The results of a call (built, encoded, handed to the producer) take the
+    event loop for a while; a waiting batch that starts its call only after
+    them leaves the model idle meanwhile.
+    """
+    gate = asyncio.Event()
+    events: list[str] = []
+
+    class Timed(FakeEmbedder):
+        instant = False  # it takes time, as a real model does
+
+    model = Timed()
+
+    async def runner(fn, *args, **kwargs):
+        if fn == model.encode:
+            events.append(f"call {args[0][0]}")
+            if args[0][0] == "first":
+                await gate.wait()
+        return fn(*args, **kwargs)
+
+    async def handle(b: Batch) -> None:
+        async for _ in ex.serve(b):
+            events.append(f"results {b.id}")
+
+    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner)
+    one = Batch(id="b1", endpoint="e", requests=[req(1, ["first"])], tokens=3, created_ms=3)
+    two = Batch(id="b2", endpoint="e", requests=[req(2, ["second"])], tokens=3, created_ms=3)
+    first = asyncio.create_task(handle(one))
+    second = asyncio.create_task(handle(two))
+    for _ in range(50):  # both as far as they can: b1 in its call, b2 waiting for the model
+        await asyncio.sleep(0)
+    assert events == ["call first"], events
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert events == ["call first", "call second", "results b1", "results b2"], events
+
+
 async def test_the_last_call_is_announced_with_its_expected_time_once_calls_are_measured():
     """No estimate before any call is measured; then the rate measured so far times its size."""
     told: list[tuple[float | None, float | None]] = []
