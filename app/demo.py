@@ -500,12 +500,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"serving-fairness demo: {e}", file=sys.stderr)
         return 2
     log_path = Path(args.log_file)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("")
+    fresh_log(log_path)
     # Append mode: the service processes write to the same file.
     with log_path.open("a") as log_file:
         configure_logging(args.log_level, json=True, stream=log_file)
         return asyncio.run(_main(config, args, log_path, log_file))
+
+
+def fresh_log(path: Path) -> Path | None:
+    """An empty log at ``path``; the last run's, if any, kept beside it as ``<name>.1``.
+
+    Demo runs come in series (five in a row is the check): a run that fails
+    is read after the next one has started, so one run's log is kept (one
+    generation, as ``logrotate`` with ``rotate 1``). Returns the kept path.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = None
+    if path.exists() and path.stat().st_size > 0:
+        kept = path.with_name(path.name + ".1")
+        path.replace(kept)
+    path.write_text("")
+    return kept
 
 
 async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -> int:
@@ -513,7 +528,8 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -
     shown = os.path.relpath(args.config)
     shown = args.config if shown.startswith("..") else shown
     print(f"serving-fairness demo: config {shown}, burst {args.burst}, "
-          f"service logs -> {log_path}", file=out, flush=True)
+          f"service logs -> {log_path} (the run before: {log_path.name}.1)", file=out,
+          flush=True)
     print("loading the embedding model and timing one full batch...", file=out, flush=True)
     threads = args.torch_threads or None
     full_ms = await asyncio.to_thread(_full_batch_ms, config, args.model, threads,
