@@ -500,11 +500,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"serving-fairness demo: {e}", file=sys.stderr)
         return 2
     log_path = Path(args.log_file)
-    fresh_log(log_path)
+    kept = fresh_log(log_path)
     # Append mode: the service processes write to the same file.
     with log_path.open("a") as log_file:
         configure_logging(args.log_level, json=True, stream=log_file)
-        return asyncio.run(_main(config, args, log_path, log_file))
+        return asyncio.run(_main(config, args, log_path, log_file, kept))
 
 
 def fresh_log(path: Path) -> Path | None:
@@ -523,13 +523,14 @@ def fresh_log(path: Path) -> Path | None:
     return kept
 
 
-async def _main(config: Config, args: argparse.Namespace, log_path: Path, log) -> int:
+async def _main(config: Config, args: argparse.Namespace, log_path: Path, log,
+                kept_log: Path | None) -> int:
     out = sys.stdout
     shown = os.path.relpath(args.config)
     shown = args.config if shown.startswith("..") else shown
     print(f"serving-fairness demo: config {shown}, burst {args.burst}, "
-          f"service logs -> {log_path} (the run before: {log_path.name}.1)", file=out,
-          flush=True)
+          f"service logs -> {log_path}"
+          + (f" (the run before: {kept_log})" if kept_log else ""), file=out, flush=True)
     print("loading the embedding model and timing one full batch...", file=out, flush=True)
     threads = args.torch_threads or None
     full_ms = await asyncio.to_thread(_full_batch_ms, config, args.model, threads,
