@@ -37,12 +37,16 @@ model reads are ``invalid`` (``dimensions_too_large``, ``input_too_long``).
 
 The model runs in a thread (``run_in_thread``, by default
 ``asyncio.to_thread``) so the event loop keeps sending heartbeats and
-results while it computes.
+results while it computes. It is held per call, not per batch, and each
+micro-batch asks for it as the call before it ends: the model goes on to
+the next call (this batch's or another's, in the order they asked) while
+the last one's results are built and written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -229,6 +233,7 @@ class BatchExecutor:
 
     async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
                           on_start: _Once | None = None, expect_s: float | None = None,
+                          on_end: Callable[[], None] | None = None,
                           **kwargs) -> tuple[Any, float]:
         """A model call and the seconds it had the model (its wait for the lock excluded).
 
@@ -236,7 +241,8 @@ class BatchExecutor:
         gets the model for one stamps its ``started_ms``. ``on_start``: run
         once the call has the model (a batch's credit returns then, not while
         its last call still waits behind another batch's), told ``expect_s``,
-        the call's expected seconds.
+        the call's expected seconds. ``on_end``: run as the call ends, while
+        it still holds the model (its batch asks for the next call then).
         """
         async with self._model_lock:
             if on_start is not None:
@@ -246,7 +252,11 @@ class BatchExecutor:
                 if p.started_ms is None:
                     p.started_ms = now
             t0 = time.perf_counter()
-            out = await self._thread(fn, *args, **kwargs)
+            try:
+                out = await self._thread(fn, *args, **kwargs)
+            finally:
+                if on_end is not None:
+                    on_end()
             seconds = time.perf_counter() - t0
         await self._hand_over()
         return out, seconds
@@ -283,16 +293,53 @@ class BatchExecutor:
                               max_padded_tokens=self.max_padded_tokens,
                               max_size=self.max_size,
                               max_seq_length=model.max_seq_length, window=self.window)
-        for n, group in enumerate(plan):
+
+        def group(n: int) -> list[int]:
             # Texts of a request that already failed are not worth computing.
-            idx = [live[g] for g in group if not self._stopped(pending[owner[live[g]][0]])]
-            if not idx:
-                continue
-            last = _Once(self._on_last_step, batch) if n == len(plan) - 1 else None
-            touched = await self._encode_group(model, texts, lengths, idx, owner, pending,
-                                               on_start=last)
-            if done := self._take_done(pending, touched):
-                yield [self._from_pending(batch, p) for p in done]
+            return [live[g] for g in plan[n] if not self._stopped(pending[owner[live[g]][0]])]
+
+        def last_step(n: int) -> _Once | None:
+            return _Once(self._on_last_step, batch) if n == len(plan) - 1 else None
+
+        if self._thread is _inline:  # nothing overlaps a call made on the loop itself
+            for n in range(len(plan)):
+                if idx := group(n):
+                    touched = await self._encode_group(model, texts, lengths, idx, owner,
+                                                       pending, on_start=last_step(n))
+                    if done := self._take_done(pending, touched):
+                        yield [self._from_pending(batch, p) for p in done]
+            return
+        # Each micro-batch asks for the model as the one before it ends (that
+        # call's ``on_end``, while it still holds the model), not after that
+        # one's results are built and written: the model goes on at once.
+        # Asked then, it queues behind another batch's call already waiting,
+        # in the order the calls asked, as before.
+        calls: list[asyncio.Task[list[int]] | None] = []
+        closed = False
+
+        def ask(n: int) -> None:
+            """Ask for micro-batch ``n``'s call, once (an empty one: the next's)."""
+            while not closed and len(calls) == n < len(plan):
+                if not (idx := group(n)):
+                    calls.append(None)
+                    n += 1
+                    continue
+                calls.append(asyncio.ensure_future(self._encode_group(
+                    model, texts, lengths, idx, owner, pending, on_start=last_step(n),
+                    on_end=functools.partial(ask, n + 1))))
+
+        try:
+            for n in range(len(plan)):
+                ask(n)  # if the call before did not reach the model
+                if (task := calls[n]) is not None:
+                    touched = await task
+                    if done := self._take_done(pending, touched):
+                        yield [self._from_pending(batch, p) for p in done]
+        finally:
+            closed = True
+            for task in calls:
+                if task is not None and not task.done():
+                    task.cancel()
 
     @staticmethod
     def _stopped(p: _Pending) -> bool:
@@ -374,8 +421,8 @@ class BatchExecutor:
         return list(model.token_lengths(texts, prompt=prompt))
 
     async def _encode_group(self, model: Embedder, texts, lengths, idx: list[int], owner,
-                            pending: list[_Pending], on_start: _Once | None = None
-                            ) -> list[int]:
+                            pending: list[_Pending], on_start: _Once | None = None,
+                            on_end: Callable[[], None] | None = None) -> list[int]:
         """Encode one micro-batch, a model call per option set; on a model error,
         each request's texts alone. ``on_start`` runs as its first call gets the model."""
         touched = sorted({owner[k][0] for k in idx})
@@ -384,18 +431,19 @@ class BatchExecutor:
             calls.setdefault(pending[owner[k][0]].options, []).append(k)
         for options, ks in calls.items():
             await self._encode_call(model, texts, lengths, ks, options, owner, pending,
-                                    on_start)
+                                    on_start, on_end)
         return touched
 
     async def _encode_call(self, model: Embedder, texts, lengths, idx: list[int],
                            options: EncodeOptions, owner, pending: list[_Pending],
-                           on_start: _Once | None = None) -> None:
+                           on_start: _Once | None = None,
+                           on_end: Callable[[], None] | None = None) -> None:
         extra = _encode_kwargs(options)
         try:
             out, seconds = await self._timed_call(
                 model.encode, [texts[k] for k in idx], lengths=[lengths[k] for k in idx],
                 started=[pending[i] for i in sorted({owner[k][0] for k in idx})],
-                on_start=on_start,
+                on_start=on_start, on_end=on_end,
                 expect_s=self._expect_s([min(lengths[k], model.max_seq_length) for k in idx]),
                 **extra)
         except Exception:  # noqa: BLE001 - retried request by request below
@@ -411,7 +459,8 @@ class BatchExecutor:
                 one, seconds = await self._timed_call(model.encode, [texts[k] for k in ks],
                                                       lengths=[lengths[k] for k in ks],
                                                       started=[pending[i]],
-                                                      on_start=on_start, **extra)
+                                                      on_start=on_start, on_end=on_end,
+                                                      **extra)
             except Exception as e:  # noqa: BLE001 - contained: this request fails alone
                 pending[i].error = f"model failed: {type(e).__name__}: {e}"
                 pending[i].left = 0

@@ -225,6 +225,118 @@ async def test_the_next_batch_gets_the_model_before_the_last_ones_results_are_ha
     assert events == ["call first", "call second", "results b1", "results b2"], events
 
 
+async def test_a_batchs_next_micro_batch_gets_the_model_before_the_last_ones_results_are_handled():
+    """Within one batch too: micro-batch n + 1 waits for the model while n runs.
+
+    With one batch in hand (most of the time at a saturated worker whose
+    next batch is still on its way), a next micro-batch asked for only after
+    the previous one's results were handled left the model idle for as long
+    as they took.
+    """
+    gate = asyncio.Event()
+    events: list[str] = []
+
+    class Timed(FakeEmbedder):
+        instant = False  # it takes time, as a real model does
+
+    model = Timed()
+
+    async def runner(fn, *args, **kwargs):
+        if fn == model.encode:
+            events.append(f"call {args[0][0]}")
+            if args[0][0] == "first":
+                await gate.wait()
+        return fn(*args, **kwargs)
+
+    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner, max_size=1)
+    both = Batch(id="b", endpoint="e", requests=[req(1, ["first"]), req(2, ["second"])],
+                 tokens=6, created_ms=3)
+
+    async def handle() -> None:
+        async for done in ex.serve(both):
+            events.append(f"results {[s.result.id for s in done]}")
+
+    task = asyncio.create_task(handle())
+    for _ in range(50):  # the first call holds the model, the second waits for it
+        await asyncio.sleep(0)
+    assert events == ["call first"], events
+    gate.set()
+    await asyncio.wait_for(task, 10)
+    assert events == ["call first", "call second", "results ['r1']", "results ['r2']"], events
+
+
+async def test_a_micro_batch_asked_at_the_end_of_the_last_queues_behind_a_waiting_batch():
+    """Asking at the end of the call before keeps the order calls asked in.
+
+    Batch A has two micro-batches; batch B's call waits while A's first
+    runs. A's second asks as A's first ends, so B's (asked earlier) goes
+    first: a quiet request at the head of a newer batch is not put behind
+    the rest of an older one.
+    """
+    gate = asyncio.Event()
+    events: list[str] = []
+
+    class Timed(FakeEmbedder):
+        instant = False
+
+    model = Timed()
+
+    async def runner(fn, *args, **kwargs):
+        if fn == model.encode:
+            events.append(f"call {args[0][0]}")
+            if args[0][0] == "a0":
+                await gate.wait()
+        return fn(*args, **kwargs)
+
+    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner, max_size=1)
+    a = Batch(id="a", endpoint="e", requests=[req(1, ["a0"]), req(2, ["a1"])], tokens=6,
+              created_ms=3)
+    b = Batch(id="b", endpoint="e", requests=[req(3, ["b0"])], tokens=3, created_ms=3)
+    first = asyncio.create_task(collect(ex, a))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    second = asyncio.create_task(collect(ex, b))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert events == ["call a0"], events
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert events == ["call a0", "call b0", "call a1"], events
+
+
+async def test_a_batch_left_early_cancels_its_waiting_calls():
+    """A consumer that stops reading a batch's results leaves no call behind."""
+    gate = asyncio.Event()
+    calls: list[str] = []
+
+    class Timed(FakeEmbedder):
+        instant = False
+
+    model = Timed()
+
+    async def runner(fn, *args, **kwargs):
+        if fn == model.encode:
+            calls.append(args[0][0])
+            if args[0][0] != "t0":
+                await gate.wait()  # never set: the second call holds the model
+        return fn(*args, **kwargs)
+
+    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner, max_size=1)
+    three = Batch(id="b", endpoint="e", requests=[req(i, [f"t{i}"]) for i in range(3)],
+                  tokens=9, created_ms=3)
+    steps = ex.serve(three)
+    first = await asyncio.wait_for(anext(steps), 10)
+    assert [s.result.id for s in first] == ["r0"]
+    for _ in range(20):  # the one call ahead reaches the model
+        await asyncio.sleep(0)
+    assert calls == ["t0", "t1"], calls
+    await steps.aclose()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert calls == ["t0", "t1"], calls  # the third was never asked for
+    assert not ex._model_lock.locked(), "a call of a batch left early still holds the model"
+
+
 async def test_the_last_call_is_announced_with_its_expected_time_once_calls_are_measured():
     """No estimate before any call is measured; then the rate measured so far times its size."""
     told: list[tuple[float | None, float | None]] = []
