@@ -103,14 +103,14 @@ class Burst:
     ORG = "bulkcorp"
 
     def __init__(self, bootstrap: str, config_path: str, n: int, timeout_s: float,
-                 nice: int, cpus: set[int] | None = None):
+                 nice: int):
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=burst_main, name="demo-burst", daemon=True,
                                 args=(child, bootstrap, config_path, self.ORG, "embed", n,
-                                      timeout_s, nice, cpus))
+                                      timeout_s, nice))
         self.sent = self.done = 0
         self.records: list[tuple] | None = None
 
@@ -262,7 +262,7 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                      log_level: str = "info", microbatch_size: int = 16,
                      worker_cpus: dict[str, set[int]] | None = None,
                      worker_nice: dict[str, int] | None = None,
-                     burst_nice: int = 10, burst_cpus: set[int] | None = None) -> Phase:
+                     burst_nice: int = 10) -> Phase:
     """One phase on a fresh embedded broker, the services as separate processes."""
     from app.processes import ProcessStack
     from plumbing.broker import EmbeddedBroker
@@ -282,8 +282,7 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                 FairnessClient(kafka, config) as client:
             await _warm_up(client, config, timeout_s=120)
             settle()  # the model timed at start, the clients: never walked again
-            burst = (Burst(broker.bootstrap, config_path, phase.burst, timeout_s, burst_nice,
-                           burst_cpus)
+            burst = (Burst(broker.bootstrap, config_path, phase.burst, timeout_s, burst_nice)
                      if phase.burst else None)
             try:
                 if burst is not None:
@@ -540,13 +539,9 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log,
     print(f"full-batch service time: {full_ms:.0f} ms ({ep.max_batch_tokens} tokens)",
           file=out, flush=True)
     plan = plan_cpus(list(config.endpoints), threads or 1) if args.pin == "auto" else None
-    worker_cpus = worker_nice = burst_cpus = None
+    worker_cpus = worker_nice = None
     if plan is not None:
         worker_cpus, service_cpus = plan
-        # The burst's sender stands for clients on other machines: at nice 10
-        # on every CPU, not on the one the services share (there it took 7 %
-        # of that core through the drain, more through the intake).
-        burst_cpus = os.sched_getaffinity(0)
         # This process (the traffic and the broker it starts), and every
         # service not pinned, stays off the pinned workers' CPUs.
         os.sched_setaffinity(0, service_cpus)
@@ -558,8 +553,7 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log,
         rest = "".join(f"; {name} on {_cpus(service_cpus)} at nice {n}"
                        for name, n in worker_nice.items())
         print(f"CPUs: {own}; the broker, admission, scheduler and traffic on "
-              f"{_cpus(service_cpus)}{rest}; the burst's sender on {_cpus(burst_cpus)} at "
-              "nice 10 (--pin off: all shared)", file=out, flush=True)
+              f"{_cpus(service_cpus)}{rest} (--pin off: all shared)", file=out, flush=True)
     phases = [Phase("unloaded", "drr", 0), Phase(f"burst {args.burst}, drr", "drr", args.burst)]
     if not args.skip_x5:
         phases.append(Phase(f"burst {5 * args.burst}, drr", "drr", 5 * args.burst))
@@ -569,7 +563,7 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log,
         await _run_phase(config, args.config, phase, quiet=args.quiet, timeout_s=args.timeout_s,
                          model=args.model, threads=threads, log=log, log_level=args.log_level,
                          microbatch_size=args.microbatch_size, worker_cpus=worker_cpus,
-                         worker_nice=worker_nice, burst_cpus=burst_cpus)
+                         worker_nice=worker_nice)
         print(_table(phase), file=out)
         print(_stages(phase), file=out)
         print(_ingress_line(phase), file=out)

@@ -35,11 +35,8 @@ def text(org: str, i: int) -> str:
 
 
 def burst_main(conn, bootstrap: str, config_path: str, org: str, endpoint: str, n: int,
-               timeout_s: float, nice: int, cpus: set[int] | None = None) -> None:
+               timeout_s: float, nice: int) -> None:
     """Entry point of the child process (``multiprocessing``, spawn context)."""
-    if cpus:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, cpus)
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
