@@ -8,25 +8,31 @@ admission, the scheduler and the traffic), that idle polling is CPU taken
 from every quiet request's hops. The consumers that only follow slowly
 changing state (the scheduler's state snapshots, at admission and at the
 scheduler; the scheduler's leadership claims) are off every request's path
-and wait ``follow_fetch_max_wait_ms`` instead.
+and wait ``follow_fetch_max_wait_ms`` instead; a client with no request in
+flight waits ``idle_fetch_max_wait_ms``.
 
-Two stacks, each service its own process (admission, scheduler, one worker
-on the fake model), on one embedded broker, one after the other, rounds
-interleaved:
+Three stacks, each service its own process (admission, scheduler, one
+worker on the fake model), with one client (``FairnessClient``, in this
+process) on one embedded broker, one after the other, rounds interleaved:
 
-- ``all at fetch_max_wait_ms``: every consumer polls at 10 ms (as before
-  ``follow_fetch_max_wait_ms``: ``SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS=10``);
-- ``followers at follow_fetch_max_wait_ms``: the default settings.
+- ``all at 10 ms``: every consumer polls at ``fetch_max_wait_ms``
+  (``SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS=10``, ``SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS=10``);
+- ``followers slower``: the followers at ``follow_fetch_max_wait_ms``, the
+  client at 10 ms (``SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS=10``);
+- ``and the idle client``: the default settings.
 
-Each round starts the stack, serves one request per org (so every consumer
-has joined and read), then samples every process's CPU time (``/proc``)
-over ``--seconds`` with nothing sent. The broker's figure is its whole
-process: it serves the other stack's leftovers too, so read it within a
+Each round starts the stack, serves one request per org through the client
+(so every consumer has joined and read), then samples every process's CPU
+time (``/proc``) over ``--seconds`` with nothing sent and the client still
+open; ``client`` is this process. The broker's figure is its whole
+process: it serves the other stacks' leftovers too, so read it within a
 round. Linux only.
 
 Run: ``python bench/idle_cost.py`` (2 rounds of 10 s) or ``--quick``
-(1 round of 5 s); ``--json OUT`` writes ``idle_cpu``, ``idle_cpu_all_10ms``
-and ``ratio`` (the first total over the second).
+(1 round of 5 s); ``--json OUT`` writes ``idle_cpu`` (the defaults),
+``idle_cpu_client_10ms``, ``idle_cpu_all_10ms``, ``ratio`` (the defaults'
+total over all at 10 ms) and ``client_ratio`` (client + broker, the
+defaults over the client at 10 ms).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.processes import ProcessStack
 from plumbing.broker import EmbeddedBroker
-from plumbing.kafka import KafkaSettings
+from plumbing.kafka import KafkaSettings, settings_from_env
 from plumbing.logs import configure_logging
 from producer.client import FairnessClient
 from schemas.build import build_config
@@ -55,8 +61,10 @@ __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDES = (
-    ("all at fetch_max_wait_ms", {"SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS": "10"}),
-    ("followers at follow_fetch_max_wait_ms", {}),
+    ("all at 10 ms", {"SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS": "10",
+                      "SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS": "10"}),
+    ("followers slower", {"SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS": "10"}),
+    ("and the idle client", {}),
 )
 
 
@@ -72,23 +80,23 @@ async def idle_round(broker: EmbeddedBroker, env: dict[str, str], seconds: float
     """CPU share (1.0 = one core) of each process over ``seconds`` with nothing sent."""
     built = build_config(base=(ROOT / "examples" / "config.toml").read_text(),
                          prefix=f"idle{uuid.uuid4().hex[:6]}.")
-    kafka = KafkaSettings(bootstrap=broker.bootstrap, session_timeout_ms=2000,
-                          heartbeat_interval_ms=500)
+    kafka = settings_from_env(env, base=KafkaSettings(
+        bootstrap=broker.bootstrap, session_timeout_ms=2000, heartbeat_interval_ms=500))
     env = {"SF_LOG_LEVEL": "WARNING", "SF_KAFKA_SESSION_TIMEOUT_MS": "2000",
            "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500", **env}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.toml"
         path.write_text(built.text)
         async with ProcessStack(path, broker.bootstrap, endpoints=["embed"], model="fake",
-                                env=env) as stack:
-            async with FairnessClient(kafka, built.config) as client:
-                for org in built.config.orgs:
-                    rid = await client.submit({"org": org, "endpoint": "embed",
-                                               "input": {"type": "embed", "texts": ["hi"]}})
-                    await client.result(rid, timeout=60)
+                                env=env) as stack, FairnessClient(kafka, built.config) as client:
+            for org in built.config.orgs:
+                rid = await client.submit({"org": org, "endpoint": "embed",
+                                           "input": {"type": "embed", "texts": ["hi"]}})
+                await client.result(rid, timeout=60)
             await asyncio.sleep(1.0)  # the last results' writes and commits settle
             pids = {name: stack.pid(name) for name in stack.procs}
             pids["broker"] = broker.pid
+            pids["client"] = os.getpid()
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             t0 = time.monotonic()
             await asyncio.sleep(seconds)
@@ -110,19 +118,28 @@ async def amain(args: argparse.Namespace) -> dict:
         # The quietest round of each side: the machine is shared.
         return min(samples[name], key=lambda s: sum(s.values()))
 
-    old, new = best(SIDES[0][0]), best(SIDES[1][0])
-    procs = list(old)
+    sides = [best(name) for name, _ in SIDES]
+    procs = list(sides[0])
     print(f"idle CPU per process, % of one core, over {seconds:g} s with nothing sent "
           f"(quietest of {rounds} interleaved round(s) each)")
-    print(f"{'process':<14}{SIDES[0][0]:>28}{SIDES[1][0]:>40}")
+    print(f"{'process':<14}" + "".join(f"{name:>22}" for name, _ in SIDES))
     for p in procs:
-        print(f"{p:<14}{old[p] * 100:>28.1f}{new[p] * 100:>40.1f}")
-    total_old, total_new = sum(old.values()), sum(new.values())
-    print(f"{'total':<14}{total_old * 100:>28.1f}{total_new * 100:>40.1f}")
-    ratio = total_new / total_old if total_old else float("nan")
-    print(f"  ratio (followers at their wait / all at 10 ms): {ratio:.2f}")
-    return {"seconds": seconds, "rounds": rounds, "idle_cpu": new, "idle_cpu_all_10ms": old,
-            "ratio": ratio}
+        print(f"{p:<14}" + "".join(f"{side[p] * 100:>22.1f}" for side in sides))
+    totals = [sum(side.values()) for side in sides]
+    print(f"{'total':<14}" + "".join(f"{t * 100:>22.1f}" for t in totals))
+    ratio = totals[2] / totals[0] if totals[0] else float("nan")
+    print(f"  ratio (the defaults / all at 10 ms): {ratio:.2f}")
+
+    def client_cost(side: dict[str, float]) -> float:
+        return side["client"] + side["broker"]
+
+    client_ratio = (client_cost(sides[2]) / client_cost(sides[1]) if client_cost(sides[1])
+                    else float("nan"))
+    print(f"  client_ratio (client + broker, the defaults / the client at 10 ms): "
+          f"{client_ratio:.2f}")
+    return {"seconds": seconds, "rounds": rounds, "idle_cpu": sides[2],
+            "idle_cpu_client_10ms": sides[1], "idle_cpu_all_10ms": sides[0],
+            "ratio": ratio, "client_ratio": client_ratio}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -144,6 +144,14 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # serves each.
     # A record already there is answered at once either way.
     follow_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 200
+    # The same for a consumer while it knows nothing is due to it: a client
+    # with no request in flight (producer.client.FairnessClient). An idle
+    # consumer at 10 ms cost the embedded broker 7-9 % of a core and itself
+    # as much; at 50 ms about 2 % each (docs/benchmarks.md, "An idle
+    # client"). 50 ms because a result comes back no sooner than the
+    # pipeline's own latency: the fetch in progress when a request is sent
+    # has mostly ended by the time its result can be there.
+    idle_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 50
     # Group membership. 6 s is the lowest session Apache Kafka accepts by
     # default (group.min.session.timeout.ms) and halves Tansu's group join,
     # which it holds for session_timeout_ms / 2 (5 s at aiokafka's 10 s). A
@@ -272,6 +280,7 @@ class Consumer(AIOKafkaConsumer):
         self.gaps_refetched = 0
         self.gaps_skipped = 0
         self.stalls = 0
+        self._wait_unset_logged = False
 
     async def start(self) -> None:
         await super().start()
@@ -285,6 +294,31 @@ class Consumer(AIOKafkaConsumer):
             log.warning("prefetch_backoff_unset", prefetch_backoff_s=self.prefetch_backoff_s,
                         detail="aiokafka's fetcher has no _prefetch_backoff: a partition's "
                                "unread records may hold back fetches of the others")
+
+    @property
+    def fetch_wait_ms(self) -> int | None:
+        """How long the broker may hold this consumer's next fetch with no data (ms)."""
+        fetcher = getattr(self, "_fetcher", None)
+        wait = getattr(fetcher, "_fetch_max_wait_ms", None)
+        return wait if isinstance(wait, int) else None
+
+    def set_fetch_wait(self, ms: int) -> bool:
+        """Let the broker hold this consumer's fetches up to ``ms`` from the next one on.
+
+        The fetch in progress keeps its wait. False (and one warning) when
+        aiokafka's fetcher has no such setting (aiokafka 0.14 internals, read
+        defensively): the consumer then keeps the wait it was made with.
+        """
+        fetcher = getattr(self, "_fetcher", None)
+        if fetcher is None or not isinstance(getattr(fetcher, "_fetch_max_wait_ms", None), int):
+            if not self._wait_unset_logged:
+                self._wait_unset_logged = True
+                log.warning("fetch_wait_unset", fetch_wait_ms=ms,
+                            detail="aiokafka's fetcher has no _fetch_max_wait_ms (or the "
+                                   "consumer is not started): the fetch wait stays as made")
+            return False
+        fetcher._fetch_max_wait_ms = ms
+        return True
 
     def _assignment(self):
         subscription = self._subscription.subscription
@@ -611,6 +645,9 @@ _OPTIONS = (
             "SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS",
             "the same for consumers of slowly changing state (scheduler state, "
             "leadership claims), off every request's path (ms)"),
+    _Option("idle_fetch_max_wait_ms", "--kafka-idle-fetch-max-wait-ms",
+            "SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS",
+            "the same for a client with no request in flight (ms)"),
     _Option("session_timeout_ms", "--kafka-session-timeout-ms", "SF_KAFKA_SESSION_TIMEOUT_MS",
             "consumer group session (ms); a dead member is noticed after it"),
     _Option("heartbeat_interval_ms", "--kafka-heartbeat-interval-ms",

@@ -181,6 +181,7 @@ class FairnessClient(StartStop):
         await self._producer.start()
         self._consumer = make_consumer(self.settings, group_id=None)
         await self._consumer.start()
+        self._pace()
         self._keeper = TopicKeeper(self.settings, self._producer.client,
                                    lambda: {self.reply_topic: 1}, service="client",
                                    on_lost=self._reply_topic_lost,
@@ -238,6 +239,7 @@ class FairnessClient(StartStop):
                 fut.set_exception(ResultLost(rid, why))
         while len(self._lost) > self.remember_ids:
             self._lost.popitem(last=False)
+        self._pace()
         if lost:
             log.warning("requests_lost", reply_topic=self.reply_topic, requests=len(lost),
                         detail="no result since the broker lost its topics; resubmit them")
@@ -302,6 +304,7 @@ class FairnessClient(StartStop):
             self._outstanding[req.id] = None
             while len(self._outstanding) > self.remember_ids:
                 self._outstanding.popitem(last=False)
+            self._pace()
         try:
             await self._producer.send_and_wait(
                 self.topics.ingress,
@@ -312,6 +315,7 @@ class FairnessClient(StartStop):
         except BaseException:
             if fresh:
                 self._outstanding.pop(req.id, None)
+                self._pace()
             raise
         return req.id
 
@@ -378,6 +382,23 @@ class FairnessClient(StartStop):
                         continue
                     self._deliver(res)
 
+    def _pace(self) -> None:
+        """Poll the reply topic at ``fetch_max_wait_ms`` while a request is in flight, else idle.
+
+        With nothing in flight nothing is due, and a fetch every 10 ms costs
+        this process and the broker CPU for nothing; the longer
+        ``idle_fetch_max_wait_ms`` (50 ms) has mostly run out by the time a
+        request just sent can have its result (docs/benchmarks.md, "An idle
+        client"). A request that timed out stays in flight here until its
+        result comes or it is forgotten (``remember_ids``).
+        """
+        if self._consumer is None:
+            return
+        s = self.settings
+        wait = s.fetch_max_wait_ms if self._outstanding else s.idle_fetch_max_wait_ms
+        if self._consumer.fetch_wait_ms != wait:
+            self._consumer.set_fetch_wait(wait)
+
     def _deliver(self, res: Result) -> None:
         if res.id in self._seen:
             self.duplicates += 1
@@ -385,7 +406,10 @@ class FairnessClient(StartStop):
         self._seen[res.id] = None
         while len(self._seen) > self.remember_ids:
             self._seen.popitem(last=False)
-        self._outstanding.pop(res.id, None)
+        if res.id in self._outstanding:
+            del self._outstanding[res.id]
+            if not self._outstanding:
+                self._pace()  # the last one in flight: nothing is due any more
         self._lost.pop(res.id, None)
         fut = self._waiters.pop(res.id, None)
         if fut is not None and not fut.done():

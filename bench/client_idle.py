@@ -1,0 +1,107 @@
+"""What an idle client's longer fetch wait costs a request: round trips after an idle spell.
+
+Why: a ``FairnessClient`` with no request in flight polls its reply topic at
+``idle_fetch_max_wait_ms`` (50 ms) instead of ``fetch_max_wait_ms`` (10 ms),
+which saves CPU in the client and the broker (``bench/idle_cost.py``). The
+fetch in progress when a request is sent keeps its wait; this measures what
+that costs the request: two clients on one pipeline (``app.stack.Stack``,
+fake model, embedded broker), one with the idle wait at 10 ms (as before)
+and one at the default, taking turns: each sleeps ``--idle-s`` (0.3 s, with
+a little jitter) with nothing in flight, then sends one request and waits
+for its result. Side by side: p50 / p90 / max of those round trips.
+
+Run: ``python bench/client_idle.py`` (150 requests each) or ``--quick``
+(40); ``--json OUT`` writes per side ``p50_ms``, ``p90_ms``, ``max_ms`` and
+``p50_ratio`` (the default's p50 over 10 ms's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import msgspec
+
+from app.stack import Stack
+from plumbing.broker import EmbeddedBroker
+from plumbing.kafka import KafkaSettings
+from plumbing.logs import configure_logging
+from producer.client import FairnessClient
+from schemas.build import build_config
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def amain(n: int, idle_s: float) -> dict:
+    default = KafkaSettings().idle_fetch_max_wait_ms
+    waits = (KafkaSettings().fetch_max_wait_ms, default)
+    with EmbeddedBroker() as broker:
+        base = KafkaSettings(bootstrap=broker.bootstrap, session_timeout_ms=2000,
+                             heartbeat_interval_ms=500)
+        config = build_config(base=(ROOT / "examples" / "config.toml").read_text(),
+                              prefix=f"idlec{uuid.uuid4().hex[:6]}.").config
+        async with Stack(config, base, model="fake", endpoints=["embed"]):
+            clients = {w: FairnessClient(msgspec.structs.replace(
+                base, idle_fetch_max_wait_ms=w), config) for w in waits}
+            for c in clients.values():
+                await c.start()
+            try:
+                ms: dict[int, list[float]] = {w: [] for w in waits}
+                for i in range(n + 1):
+                    for w, c in clients.items():
+                        await asyncio.sleep(idle_s + (i % 7) * 0.013)
+                        t0 = time.perf_counter()
+                        rid = await c.submit({"org": "acme", "endpoint": "embed",
+                                              "input": {"type": "embed", "texts": ["hello"]}})
+                        await c.result(rid, timeout=30)
+                        if i:  # the first of each is a warm-up
+                            ms[w].append((time.perf_counter() - t0) * 1000)
+            finally:
+                for c in clients.values():
+                    await c.stop()
+    sides = {}
+    for w, v in ms.items():
+        v.sort()
+        sides[str(w)] = {"p50_ms": statistics.median(v), "p90_ms": v[int(0.9 * len(v))],
+                         "max_ms": v[-1], "n": len(v)}
+    return {"idle_s": idle_s, "waits_ms": list(waits), "sides": sides,
+            "p50_ratio": sides[str(waits[1])]["p50_ms"] / sides[str(waits[0])]["p50_ms"]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="40 requests per side")
+    parser.add_argument("--requests", type=int, help="requests per side (default 150)")
+    parser.add_argument("--idle-s", type=float, default=0.3, help="idle spell before each")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    configure_logging("WARNING")
+    n = args.requests or (40 if args.quick else 150)
+    f = asyncio.run(amain(n, args.idle_s))
+    print(f"one request after each {args.idle_s:g} s idle spell, {n} per side, turns "
+          f"interleaved; pipeline in one process, fake model, embedded broker")
+    print(f"{'client idle fetch wait':<26}{'p50 ms':>9}{'p90 ms':>9}{'max ms':>9}")
+    for w, side in f["sides"].items():
+        print(f"{w + ' ms':<26}{side['p50_ms']:>9.1f}{side['p90_ms']:>9.1f}"
+              f"{side['max_ms']:>9.1f}")
+    print(f"  p50_ratio ({f['waits_ms'][1]} ms / {f['waits_ms'][0]} ms): {f['p50_ratio']:.2f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(f, indent=2) + "\n")
+    return f
+
+
+if __name__ == "__main__":
+    main()
