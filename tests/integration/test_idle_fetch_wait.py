@@ -13,10 +13,10 @@ import time
 from plumbing.kafka import make_producer
 from plumbing.topics import ensure_topics
 from producer.client import FairnessClient
+from scheduler.service import SchedulerService
 from schemas.codec import codec_for, content_type
 from schemas.messages import Result
 from schemas.topics import Topics
-from scheduler.service import SchedulerService
 from tests.integration.pipeline_setup import (
     fake_worker,
     make_config,
