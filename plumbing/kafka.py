@@ -149,7 +149,7 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # scheduler's worker events with no batch out. An idle
     # consumer at 10 ms cost the embedded broker 7-9 % of a core and itself
     # as much; at 50 ms about 2 % each (docs/benchmarks.md, "An idle
-    # client"). 50 ms because a result comes back no sooner than the
+    # client, an idle scheduler"). 50 ms because a result comes back no sooner than the
     # pipeline's own latency: the fetch in progress when a request is sent
     # has mostly ended by the time its result can be there.
     idle_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 50

@@ -363,7 +363,7 @@ class SchedulerService(Service):
         nothing, and ``idle_fetch_max_wait_ms`` (50 ms) is used instead. The
         wait changes from the next fetch on, so at most the first report
         after an idle spell can come a little later (docs/benchmarks.md,
-        "An idle client").
+        "An idle client, an idle scheduler").
         """
         consumer = self._event_consumer
         if consumer is None:
