@@ -1,21 +1,18 @@
-"""What the idle fetch waits cost a request: round trips after an idle spell, side by side.
+"""What an idle client's longer fetch wait costs a request: round trips after an idle spell.
 
 Why: a ``FairnessClient`` with no request in flight polls its reply topic at
 ``idle_fetch_max_wait_ms`` (50 ms) instead of ``fetch_max_wait_ms`` (10 ms),
-and so does the scheduler's consumer of worker events with no batch out;
-that saves CPU in them and in the broker (``bench/idle_cost.py``). The
-fetch in progress when a request is sent (or its batch dispatched) keeps
-its wait; this measures what that costs a request: the pipeline in this
-process (``app.stack.Stack``, fake model, embedded broker) and one client,
-once with every idle wait at 10 ms (as before) and once with the defaults,
-in turns (``--rounds``, a fresh pipeline each). Each request comes after
-``--idle-s`` (0.3 s, a little jitter) with nothing in flight: the client
-and the scheduler idle, then one request and its result. Side by side: p50
-/ p90 / max of those round trips.
+which saves CPU in the client and the broker (``bench/idle_cost.py``). The
+fetch in progress when a request is sent keeps its wait; this measures what
+that costs the request: two clients on one pipeline (``app.stack.Stack``,
+fake model, embedded broker), one with the idle wait at 10 ms (as before)
+and one at the default, taking turns: each sleeps ``--idle-s`` (0.3 s, with
+a little jitter) with nothing in flight, then sends one request and waits
+for its result. Side by side: p50 / p90 / max of those round trips.
 
-Run: ``python bench/client_idle.py`` (3 rounds of 50 requests a side) or
-``--quick`` (2 of 20); ``--json OUT`` writes per side ``p50_ms``,
-``p90_ms``, ``max_ms`` and ``p50_ratio`` (the defaults' p50 over 10 ms's).
+Run: ``python bench/client_idle.py`` (150 requests each) or ``--quick``
+(40); ``--json OUT`` writes per side ``p50_ms``, ``p90_ms``, ``max_ms`` and
+``p50_ratio`` (the default's p50 over 10 ms's).
 """
 
 from __future__ import annotations
@@ -47,34 +44,33 @@ __all__ = ["main"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def _round(base: KafkaSettings, idle_ms: int, n: int, idle_s: float) -> list[float]:
-    """Round trips (ms) of ``n`` requests, each after ``idle_s``, every idle wait at ``idle_ms``."""
-    kafka = msgspec.structs.replace(base, idle_fetch_max_wait_ms=idle_ms)
-    config = build_config(base=(ROOT / "examples" / "config.toml").read_text(),
-                          prefix=f"idlec{uuid.uuid4().hex[:6]}.").config
-    ms: list[float] = []
-    async with Stack(config, kafka, model="fake", endpoints=["embed"]), \
-            FairnessClient(kafka, config) as client:
-        for i in range(n + 1):
-            await asyncio.sleep(idle_s + (i % 7) * 0.013)
-            t0 = time.perf_counter()
-            rid = await client.submit({"org": "acme", "endpoint": "embed",
-                                       "input": {"type": "embed", "texts": ["hello"]}})
-            await client.result(rid, timeout=30)
-            if i:  # the first is a warm-up
-                ms.append((time.perf_counter() - t0) * 1000)
-    return ms
-
-
-async def amain(rounds: int, n: int, idle_s: float) -> dict:
-    waits = (KafkaSettings().fetch_max_wait_ms, KafkaSettings().idle_fetch_max_wait_ms)
-    ms: dict[int, list[float]] = {w: [] for w in waits}
+async def amain(n: int, idle_s: float) -> dict:
+    default = KafkaSettings().idle_fetch_max_wait_ms
+    waits = (KafkaSettings().fetch_max_wait_ms, default)
     with EmbeddedBroker() as broker:
         base = KafkaSettings(bootstrap=broker.bootstrap, session_timeout_ms=2000,
                              heartbeat_interval_ms=500)
-        for _ in range(rounds):
-            for w in waits:
-                ms[w] += await _round(base, w, n, idle_s)
+        config = build_config(base=(ROOT / "examples" / "config.toml").read_text(),
+                              prefix=f"idlec{uuid.uuid4().hex[:6]}.").config
+        async with Stack(config, base, model="fake", endpoints=["embed"]):
+            clients = {w: FairnessClient(msgspec.structs.replace(
+                base, idle_fetch_max_wait_ms=w), config) for w in waits}
+            for c in clients.values():
+                await c.start()
+            try:
+                ms: dict[int, list[float]] = {w: [] for w in waits}
+                for i in range(n + 1):
+                    for w, c in clients.items():
+                        await asyncio.sleep(idle_s + (i % 7) * 0.013)
+                        t0 = time.perf_counter()
+                        rid = await c.submit({"org": "acme", "endpoint": "embed",
+                                              "input": {"type": "embed", "texts": ["hello"]}})
+                        await c.result(rid, timeout=30)
+                        if i:  # the first of each is a warm-up
+                            ms[w].append((time.perf_counter() - t0) * 1000)
+            finally:
+                for c in clients.values():
+                    await c.stop()
     sides = {}
     for w, v in ms.items():
         v.sort()
@@ -86,19 +82,17 @@ async def amain(rounds: int, n: int, idle_s: float) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 20 requests a side")
-    parser.add_argument("--rounds", type=int, help="rounds per side (default 3)")
-    parser.add_argument("--requests", type=int, help="requests per side per round (default 50)")
+    parser.add_argument("--quick", action="store_true", help="40 requests per side")
+    parser.add_argument("--requests", type=int, help="requests per side (default 150)")
     parser.add_argument("--idle-s", type=float, default=0.3, help="idle spell before each")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     configure_logging("WARNING")
-    rounds = args.rounds or (2 if args.quick else 3)
-    n = args.requests or (20 if args.quick else 50)
-    f = asyncio.run(amain(rounds, n, args.idle_s))
-    print(f"one request after each {args.idle_s:g} s idle spell, {rounds} x {n} per side, "
-          f"rounds interleaved; pipeline in one process, fake model, embedded broker")
-    print(f"{'idle fetch waits':<26}{'p50 ms':>9}{'p90 ms':>9}{'max ms':>9}")
+    n = args.requests or (40 if args.quick else 150)
+    f = asyncio.run(amain(n, args.idle_s))
+    print(f"one request after each {args.idle_s:g} s idle spell, {n} per side, turns "
+          f"interleaved; pipeline in one process, fake model, embedded broker")
+    print(f"{'client idle fetch wait':<26}{'p50 ms':>9}{'p90 ms':>9}{'max ms':>9}")
     for w, side in f["sides"].items():
         print(f"{w + ' ms':<26}{side['p50_ms']:>9.1f}{side['p90_ms']:>9.1f}"
               f"{side['max_ms']:>9.1f}")

@@ -9,8 +9,7 @@ from every quiet request's hops. The consumers that only follow slowly
 changing state (the scheduler's state snapshots, at admission and at the
 scheduler; the scheduler's leadership claims) are off every request's path
 and wait ``follow_fetch_max_wait_ms`` instead; a client with no request in
-flight and the scheduler's worker events with no batch out wait
-``idle_fetch_max_wait_ms``.
+flight waits ``idle_fetch_max_wait_ms``.
 
 Three stacks, each service its own process (admission, scheduler, one
 worker on the fake model), with one client (``FairnessClient``, in this
@@ -19,8 +18,8 @@ process) on one embedded broker, one after the other, rounds interleaved:
 - ``all at 10 ms``: every consumer polls at ``fetch_max_wait_ms``
   (``SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS=10``, ``SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS=10``);
 - ``followers slower``: the followers at ``follow_fetch_max_wait_ms``, the
-  idle client and scheduler at 10 ms (``SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS=10``);
-- ``and the idle waits``: the default settings.
+  client at 10 ms (``SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS=10``);
+- ``and the idle client``: the default settings.
 
 Each round starts the stack, serves one request per org through the client
 (so every consumer has joined and read), then samples every process's CPU
@@ -33,7 +32,7 @@ Run: ``python bench/idle_cost.py`` (2 rounds of 10 s) or ``--quick``
 (1 round of 5 s); ``--json OUT`` writes ``idle_cpu`` (the defaults),
 ``idle_cpu_client_10ms``, ``idle_cpu_all_10ms``, ``ratio`` (the defaults'
 total over all at 10 ms) and ``client_ratio`` (client + broker, the
-defaults over the idle waits at 10 ms).
+defaults over the client at 10 ms).
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ SIDES = (
     ("all at 10 ms", {"SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS": "10",
                       "SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS": "10"}),
     ("followers slower", {"SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS": "10"}),
-    ("and the idle waits", {}),
+    ("and the idle client", {}),
 )
 
 
@@ -136,7 +135,7 @@ async def amain(args: argparse.Namespace) -> dict:
 
     client_ratio = (client_cost(sides[2]) / client_cost(sides[1]) if client_cost(sides[1])
                     else float("nan"))
-    print(f"  client_ratio (client + broker, the defaults / the idle waits at 10 ms): "
+    print(f"  client_ratio (client + broker, the defaults / the client at 10 ms): "
           f"{client_ratio:.2f}")
     return {"seconds": seconds, "rounds": rounds, "idle_cpu": sides[2],
             "idle_cpu_client_10ms": sides[1], "idle_cpu_all_10ms": sides[0],

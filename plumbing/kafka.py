@@ -145,11 +145,10 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # A record already there is answered at once either way.
     follow_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 200
     # The same for a consumer while it knows nothing is due to it: a client
-    # with no request in flight (producer.client.FairnessClient), the
-    # scheduler's worker events with no batch out. An idle
+    # with no request in flight (producer.client.FairnessClient). An idle
     # consumer at 10 ms cost the embedded broker 7-9 % of a core and itself
     # as much; at 50 ms about 2 % each (docs/benchmarks.md, "An idle
-    # client, an idle scheduler"). 50 ms because a result comes back no sooner than the
+    # client"). 50 ms because a result comes back no sooner than the
     # pipeline's own latency: the fetch in progress when a request is sent
     # has mostly ended by the time its result can be there.
     idle_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 50
@@ -648,8 +647,7 @@ _OPTIONS = (
             "leadership claims), off every request's path (ms)"),
     _Option("idle_fetch_max_wait_ms", "--kafka-idle-fetch-max-wait-ms",
             "SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS",
-            "the same for a client with no request in flight and the scheduler's "
-            "worker events with no batch out (ms)"),
+            "the same for a client with no request in flight (ms)"),
     _Option("session_timeout_ms", "--kafka-session-timeout-ms", "SF_KAFKA_SESSION_TIMEOUT_MS",
             "consumer group session (ms); a dead member is noticed after it"),
     _Option("heartbeat_interval_ms", "--kafka-heartbeat-interval-ms",

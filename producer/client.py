@@ -389,7 +389,7 @@ class FairnessClient(StartStop):
         this process and the broker CPU for nothing; the longer
         ``idle_fetch_max_wait_ms`` (50 ms) has mostly run out by the time a
         request just sent can have its result (docs/benchmarks.md, "An idle
-        client, an idle scheduler"). A request that timed out stays in flight here until its
+        client"). A request that timed out stays in flight here until its
         result comes or it is forgotten (``remember_ids``).
         """
         if self._consumer is None:

@@ -362,11 +362,6 @@ class FlowControl:
 
     # -- views -----------------------------------------------------------------
 
-    @property
-    def in_flight(self) -> bool:
-        """Some batch is outstanding on some worker (sent by us or seen in hand)."""
-        return bool(self._batch_owner)
-
     def round_trip_ms(self, worker: str) -> float | None:
         """``worker``'s measured round trip (ms), None until measured or for an unknown worker."""
         w = self.workers.get(worker)

@@ -183,7 +183,6 @@ class SchedulerService(Service):
             session_timeout_ms=self.settings.leader_session_timeout_ms, registry=self.registry)
         self._event_consumer = make_consumer(self.kafka, group_id=None)
         await self._event_consumer.start()
-        self._pace_events()
         self._keeper = TopicKeeper(self.kafka, self._producer.client,
                                    lambda: self.topics.all(self.config), service="scheduler",
                                    on_lost=self._broker_lost, follow=self._followed)
@@ -354,29 +353,9 @@ class SchedulerService(Service):
         log.info("scheduler_resumed_after_broker_loss", forgotten_batches=len(forgotten),
                  held=self.core.held, leading=self.leading)
 
-    def _pace_events(self) -> None:
-        """Poll worker events at ``fetch_max_wait_ms`` while a batch is out, else idle.
-
-        With no batch outstanding no credit or report is due, only
-        heartbeats and workers joining, none of which a request waits for;
-        the fetch every 10 ms then costs this process and the broker CPU for
-        nothing, and ``idle_fetch_max_wait_ms`` (50 ms) is used instead. The
-        wait changes from the next fetch on, so at most the first report
-        after an idle spell can come a little later (docs/benchmarks.md,
-        "An idle client, an idle scheduler").
-        """
-        consumer = self._event_consumer
-        if consumer is None:
-            return
-        k = self.kafka
-        wait = k.fetch_max_wait_ms if self.flow.in_flight else k.idle_fetch_max_wait_ms
-        if consumer.fetch_wait_ms != wait:
-            consumer.set_fetch_wait(wait)
-
     async def _event_loop(self) -> None:
         consumer = self._event_consumer
         while True:
-            self._pace_events()
             batches = await consumer.getmany(timeout_ms=1000)
             now_ms = time.time() * 1000
             for records in batches.values():
@@ -472,7 +451,6 @@ class SchedulerService(Service):
                 if now >= self._next_state_s:
                     self._next_state_s = now + state_every_s
                     self._publish_state(now)
-            self._pace_events()  # batches done, lost or expired: maybe idle now
             await self._sleep_until_due(now)
 
     async def _sleep_until_due(self, now: float) -> None:
@@ -489,7 +467,6 @@ class SchedulerService(Service):
         # One batch at a time: a send awaits, and leadership can go meanwhile
         # (the dispatcher asks may_dispatch before every batch).
         for out in self.dispatcher.batches(now, may=self.may_dispatch, on_expired=self._expired):
-            self._pace_events()  # outstanding from here: its reports are due soon
             await self._send_batch(out.endpoint, out.partition, out.batch, out.entries)
 
     async def _send_batch(self, endpoint: str, partition: int, batch: Batch,
