@@ -309,15 +309,14 @@ class Consumer(AIOKafkaConsumer):
         aiokafka's fetcher has no such setting (aiokafka 0.14 internals, read
         defensively): the consumer then keeps the wait it was made with.
         """
-        fetcher = getattr(self, "_fetcher", None)
-        if fetcher is None or not isinstance(getattr(fetcher, "_fetch_max_wait_ms", None), int):
+        if self.fetch_wait_ms is None:
             if not self._wait_unset_logged:
                 self._wait_unset_logged = True
                 log.warning("fetch_wait_unset", fetch_wait_ms=ms,
                             detail="aiokafka's fetcher has no _fetch_max_wait_ms (or the "
                                    "consumer is not started): the fetch wait stays as made")
             return False
-        fetcher._fetch_max_wait_ms = ms
+        self._fetcher._fetch_max_wait_ms = ms
         return True
 
     def _assignment(self):
