@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
 import service_rounds
-from aiokafka.structs import TopicPartition
+from hops import produce_and_read
 
 from app.processes import ProcessStack
 from app.stack import Stack
@@ -53,8 +53,6 @@ from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
     kafka_endpoint,
-    make_consumer,
-    make_producer,
     settings_from_args,
 )
 from plumbing.logs import configure_logging
@@ -92,32 +90,9 @@ async def raw_round(kafka: KafkaSettings, values: list[bytes], keys: list[bytes]
     """Seconds to produce ``values`` and read them all back, on a fresh 4-partition topic."""
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
     await ensure_topics(kafka, {topic: 4})
-    consumer = make_consumer(kafka, group_id=None)
-    await consumer.start()
-    producer = make_producer(kafka)
-    await producer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in range(4)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        n = len(values)
-
-        async def read() -> None:
-            seen = 0
-            while seen < n:
-                got = await consumer.getmany(timeout_ms=100)
-                seen += sum(len(r) for r in got.values())
-
-        reader = asyncio.create_task(read())
-        await asyncio.sleep(0.2)  # the consumer's first fetch is out
-        t0 = time.perf_counter()
-        futures = [await producer.send(topic, v, key=k) for v, k in zip(values, keys, strict=True)]
-        await asyncio.gather(*futures)
-        await reader
-        return time.perf_counter() - t0
+        return await produce_and_read(kafka, topic, topic, 4, values, keys)
     finally:
-        await producer.stop()
-        await consumer.stop()
         await delete_topics(kafka, [topic])
 
 

@@ -33,14 +33,14 @@ import json
 import multiprocessing
 import os
 import sys
-import time
 import uuid
 from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aiokafka.structs import TopicPartition
+
+from hops import produce_and_read
 
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
@@ -89,34 +89,8 @@ def _relay_process(bootstrap: str, src: str, dst: str, conn) -> None:
 
 async def _timed(kafka: KafkaSettings, first: str, last: str, n: int) -> float:
     """Seconds from the first send to ``first`` until all ``n`` records are read from ``last``."""
-    consumer = make_consumer(kafka, group_id=None)
-    await consumer.start()
-    producer = make_producer(kafka)
-    await producer.start()
-    try:
-        tps = [TopicPartition(last, p) for p in range(PARTITIONS)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-
-        async def read() -> None:
-            seen = 0
-            while seen < n:
-                got = await consumer.getmany(timeout_ms=100)
-                seen += sum(len(r) for r in got.values())
-
-        reader = asyncio.create_task(read())
-        await asyncio.sleep(0.2)  # the reader's first fetch is out
-        value = b"x" * VALUE_BYTES
-        t0 = time.perf_counter()
-        futures = [await producer.send(first, value, key=f"org-{i % 5}".encode())
-                   for i in range(n)]
-        await asyncio.gather(*futures)
-        async with asyncio.timeout(300):
-            await reader
-        return time.perf_counter() - t0
-    finally:
-        await producer.stop()
-        await consumer.stop()
+    return await produce_and_read(kafka, first, last, PARTITIONS, [b"x" * VALUE_BYTES] * n,
+                                  [f"org-{i % 5}".encode() for i in range(n)])
 
 
 async def _topics(kafka: KafkaSettings, count: int) -> list[str]:
