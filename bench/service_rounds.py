@@ -323,10 +323,7 @@ async def _worker_answers(batch: Batch, rcodec) -> list[tuple[str, bytes, bytes,
     compared with a worker writing real ones: the ratio charged the worker
     for bytes the relay never sent.
     """
-    async def inline(fn, /, *args, **kwargs):
-        return fn(*args, **kwargs)
-
-    executor = BatchExecutor(FakeEmbedder(), "embed", worker="relay", run_in_thread=inline)
+    executor = BatchExecutor(FakeEmbedder(), "embed", worker="relay", inline=True)
     taken = int(time.time() * 1000)
     out = []
     async for done in executor.serve(batch):

@@ -35,17 +35,21 @@ again here, since the model is the truth about itself: a ``dimensions``
 above the model's size and a ``truncate = "none"`` input longer than the
 model reads are ``invalid`` (``dimensions_too_large``, ``input_too_long``).
 
-The model runs in a thread (``run_in_thread``, by default
-``asyncio.to_thread``) so the event loop keeps sending heartbeats and
-results while it computes. It is held per call, not per batch, and each
-micro-batch asks for it as the call before it ends: the model goes on to
-the next call (this batch's or another's, in the order they asked) while
-the last one's results are built and written.
+The model runs in a thread of its own (:class:`worker.model_thread.ModelThread`)
+so the event loop keeps sending heartbeats and results while it computes.
+Calls run there one at a time, and each micro-batch is handed over as the
+call before it begins, to follow it: the model goes on to the next call
+the moment the last one ends, while the event loop builds and writes that
+one's results. A newer batch's call handed over meanwhile goes first (the
+order the calls would have had asking for the model as the one before
+ended). A model that declares itself ``instant`` (a fake at zero time) is
+called on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -58,6 +62,7 @@ from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, Re
 from worker.calibration import CALIBRATION_TEXTS, RangeCache
 from worker.interface import DEFAULT_OPTIONS, Embedder, EncodeOptions, Reranker
 from worker.microbatch import padded_tokens, plan_microbatches, plan_with_head
+from worker.model_thread import Job, ModelThread
 from worker.request_options import (
     calibration_options,
     embedding_fields,
@@ -152,7 +157,7 @@ class BatchExecutor:
     def __init__(self, model: Embedder | Reranker, kind: str, *, worker: str,
                  max_padded_tokens: int = 4096, max_size: int = 32,
                  window: int | None = None,
-                 run_in_thread: RunInThread = asyncio.to_thread,
+                 model_thread: ModelThread | None = None, inline: bool | None = None,
                  on_microbatch: Callable[[MicrobatchStats], None] | None = None,
                  on_last_step: Callable[[Batch, float | None], None] | None = None,
                  calibration_texts: list[str] | tuple[str, ...] = CALIBRATION_TEXTS):
@@ -164,15 +169,18 @@ class BatchExecutor:
         self.max_padded_tokens = max_padded_tokens
         self.max_size = max_size
         self.window = window
-        # A model that declares itself instant (a fake at zero time) is called
-        # on the event loop: a thread hop would cost more than the call.
-        self._thread = _inline if getattr(model, "instant", False) else run_in_thread
-        #: Held for each model call, not for a whole batch: while one batch's
-        #: call runs (in a thread, where a GPU or torch releases the GIL), the
-        #: event loop prepares the next batch and writes the last one's
-        #: results, so the model never waits for either. Calls are served in
-        #: the order they ask (asyncio.Lock is FIFO).
-        self._model_lock = asyncio.Lock()
+        # A model that declares itself instant (a fake at zero time), or an
+        # executor told ``inline``, calls it on the event loop: a thread hop
+        # would cost more than the call.
+        inline = getattr(model, "instant", False) if inline is None else inline
+        self._owns_thread = not inline and model_thread is None
+        #: The model's thread: its calls run there one at a time, in order,
+        #: the next one waiting in place (None: on the loop). While one
+        #: batch's call runs (where a GPU or torch releases the GIL), the event
+        #: loop prepares the next and writes the last one's results.
+        self._thread: ModelThread | None = None if inline else model_thread or ModelThread()
+        #: Tokenizing: any thread, beside the model's calls, not behind them.
+        self._aside: RunInThread = _inline if inline else asyncio.to_thread
         self._on_microbatch = on_microbatch or (lambda s: None)
         #: Called as a batch's last model call starts, with that call's expected
         #: seconds (None: not known): the worker returns the batch's credit
@@ -185,6 +193,11 @@ class BatchExecutor:
         self.seconds_per_padded_token: float | None = None
         #: int8/uint8 ranges per option set (worker.calibration).
         self.calibration = RangeCache(calibration_texts)
+
+    def close(self) -> None:
+        """Stop the model's thread if this executor made it (calls not started are dropped)."""
+        if self._owns_thread and self._thread is not None:
+            self._thread.close()
 
     async def serve(self, batch: Batch) -> AsyncIterator[list[Served]]:
         """Yield the results completed by each step, in run order; every request once."""
@@ -205,61 +218,72 @@ class BatchExecutor:
         if early:
             yield early
         if self.kind == "embed":
-            async for done in self._embed(batch, work):
-                yield done
+            # Closed with this generator: a consumer that stops reading
+            # cancels the calls already handed to the model.
+            async with contextlib.aclosing(self._embed(batch, work)) as steps:
+                async for done in steps:
+                    yield done
         else:
             for i, req in enumerate(work):
                 last = _Once(self._on_last_step, batch) if i == len(work) - 1 else None
                 yield [await self._rerank(batch, req, on_start=last)]
 
     async def _model_call(self, fn, /, *args, **kwargs):
-        """``fn`` run as a model call: one at a time, in the order asked."""
-        async with self._model_lock:
-            out = await self._thread(fn, *args, **kwargs)
-        await self._hand_over()
-        return out
-
-    async def _hand_over(self) -> None:
-        """Let the call waiting for the model start before this one's results are handled.
-
-        The lock wakes the next call, but this task runs on until its next
-        await: its results (built, encoded, handed to the producer) would
-        otherwise keep the model idle for as long as they take. One turn of
-        the loop lets the woken call reach its thread first. Not for a model
-        called on the loop itself: nothing overlaps there.
-        """
-        if self._thread is not _inline:
-            await asyncio.sleep(0)
+        """``fn`` run as a model call: after the calls handed over before it."""
+        return (await self._timed_call(fn, *args, **kwargs))[0]
 
     async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
                           on_start: _Once | None = None, expect_s: float | None = None,
-                          on_end: Callable[[], None] | None = None,
-                          **kwargs) -> tuple[Any, float]:
-        """A model call and the seconds it had the model (its wait for the lock excluded).
+                          on_begin: Callable[[Job | None], None] | None = None,
+                          follows: Job | None = None, **kwargs) -> tuple[Any, float]:
+        """A model call and the seconds it had the model (its time in the queue excluded).
 
-        ``started``: the requests this call computes; the first call that
-        gets the model for one stamps its ``started_ms``. ``on_start``: run
-        once the call has the model (a batch's credit returns then, not while
-        its last call still waits behind another batch's), told ``expect_s``,
-        the call's expected seconds. ``on_end``: run as the call ends, while
-        it still holds the model (its batch asks for the next call then).
+        Handed to the model's thread at once (:mod:`worker.model_thread`),
+        as the continuation of ``follows`` if given: it runs there after the
+        calls ahead of it, back to back with them. As it begins, on the
+        loop: ``on_start`` told ``expect_s``, the call's expected seconds (a
+        batch's credit returns then, not while its last call still waits
+        behind another batch's); the ``started_ms`` of the requests in
+        ``started`` that no call started before; then ``on_begin`` with this
+        call (its batch hands over its next micro-batch then, to follow it).
         """
-        async with self._model_lock:
+        held: list[float] = []
+        job: Job | None = None
+        waiting = True  # False once the caller stopped waiting: nothing to announce
+
+        def begin(now: int) -> None:
+            if not waiting:
+                return
             if on_start is not None:
                 on_start(expect_s)
-            now = _now_ms()
             for p in started:
                 if p.started_ms is None:
                     p.started_ms = now
+            if on_begin is not None:
+                on_begin(job)
+
+        if self._thread is None:  # on the loop itself: nothing overlaps
+            begin(_now_ms())
             t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            return out, time.perf_counter() - t0
+        loop = asyncio.get_running_loop()
+
+        def call():
+            t0 = time.perf_counter()
+            loop.call_soon_threadsafe(begin, _now_ms())
             try:
-                out = await self._thread(fn, *args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
-                if on_end is not None:
-                    on_end()
-            seconds = time.perf_counter() - t0
-        await self._hand_over()
-        return out, seconds
+                held.append(time.perf_counter() - t0)
+
+        job = self._thread.submit(call, follows=follows)
+        try:
+            out = await job.future
+        except asyncio.CancelledError:
+            waiting = False
+            raise
+        return out, held[0]
 
     # -- embeddings ------------------------------------------------------------
 
@@ -301,7 +325,7 @@ class BatchExecutor:
         def last_step(n: int) -> _Once | None:
             return _Once(self._on_last_step, batch) if n == len(plan) - 1 else None
 
-        if self._thread is _inline:  # nothing overlaps a call made on the loop itself
+        if self._thread is None:  # nothing overlaps a call made on the loop itself
             for n in range(len(plan)):
                 if idx := group(n):
                     touched = await self._encode_group(model, texts, lengths, idx, owner,
@@ -309,16 +333,16 @@ class BatchExecutor:
                     if done := self._take_done(pending, touched):
                         yield [self._from_pending(batch, p) for p in done]
             return
-        # Each micro-batch asks for the model as the one before it ends (that
-        # call's ``on_end``, while it still holds the model), not after that
-        # one's results are built and written: the model goes on at once.
-        # Asked then, it queues behind another batch's call already waiting,
-        # in the order the calls asked, as before.
+        # Each micro-batch is handed to the model as the one before it begins
+        # (that call's ``on_begin``): it waits in the model's thread and runs
+        # the moment that one ends, while that one's results are built and
+        # written. Handed over then, it queues behind another batch's call
+        # already waiting, in the order the calls were handed over.
         calls: list[asyncio.Task[list[int]] | None] = []
         closed = False
 
-        def ask(n: int) -> None:
-            """Ask for micro-batch ``n``'s call, once (an empty one: the next's)."""
+        def ask(n: int, follows: Job | None = None) -> None:
+            """Hand over micro-batch ``n``'s call, once (an empty one: the next's)."""
             while not closed and len(calls) == n < len(plan):
                 if not (idx := group(n)):
                     calls.append(None)
@@ -326,7 +350,7 @@ class BatchExecutor:
                     continue
                 calls.append(asyncio.ensure_future(self._encode_group(
                     model, texts, lengths, idx, owner, pending, on_start=last_step(n),
-                    on_end=functools.partial(ask, n + 1))))
+                    on_begin=functools.partial(ask, n + 1), follows=follows)))
 
         try:
             for n in range(len(plan)):
@@ -395,7 +419,7 @@ class BatchExecutor:
         for prompt, ks in by_prompt.items():
             # Any error of a third-party model is contained to the request that caused it.
             try:
-                got = await self._thread(self._token_lengths, model, [texts[k] for k in ks], prompt)
+                got = await self._aside(self._token_lengths, model, [texts[k] for k in ks], prompt)
             except Exception:  # noqa: BLE001 - one request broke the tokenizer: find it below
                 got = None
             if got is not None:
@@ -405,7 +429,7 @@ class BatchExecutor:
             for i in sorted({owner[k][0] for k in ks}):
                 mine = [k for k in ks if owner[k][0] == i]
                 try:
-                    one = await self._thread(self._token_lengths, model,
+                    one = await self._aside(self._token_lengths, model,
                                              [texts[k] for k in mine], prompt)
                 except Exception as e:  # noqa: BLE001 - contained: this request fails alone
                     pending[i].error = f"tokenizer failed: {type(e).__name__}: {e}"
@@ -422,28 +446,32 @@ class BatchExecutor:
 
     async def _encode_group(self, model: Embedder, texts, lengths, idx: list[int], owner,
                             pending: list[_Pending], on_start: _Once | None = None,
-                            on_end: Callable[[], None] | None = None) -> list[int]:
+                            on_begin: Callable[[Job | None], None] | None = None,
+                            follows: Job | None = None) -> list[int]:
         """Encode one micro-batch, a model call per option set; on a model error,
-        each request's texts alone. ``on_start`` runs as its first call gets the model."""
+        each request's texts alone. ``on_start`` runs as its first call gets the
+        model; the first call follows ``follows`` (:meth:`_timed_call`)."""
         touched = sorted({owner[k][0] for k in idx})
         calls: dict[EncodeOptions, list[int]] = {}
         for k in idx:
             calls.setdefault(pending[owner[k][0]].options, []).append(k)
         for options, ks in calls.items():
             await self._encode_call(model, texts, lengths, ks, options, owner, pending,
-                                    on_start, on_end)
+                                    on_start, on_begin, follows)
+            follows = None  # the next call is handed over after this one ended
         return touched
 
     async def _encode_call(self, model: Embedder, texts, lengths, idx: list[int],
                            options: EncodeOptions, owner, pending: list[_Pending],
                            on_start: _Once | None = None,
-                           on_end: Callable[[], None] | None = None) -> None:
+                           on_begin: Callable[[Job | None], None] | None = None,
+                           follows: Job | None = None) -> None:
         extra = _encode_kwargs(options)
         try:
             out, seconds = await self._timed_call(
                 model.encode, [texts[k] for k in idx], lengths=[lengths[k] for k in idx],
                 started=[pending[i] for i in sorted({owner[k][0] for k in idx})],
-                on_start=on_start, on_end=on_end,
+                on_start=on_start, on_begin=on_begin, follows=follows,
                 expect_s=self._expect_s([min(lengths[k], model.max_seq_length) for k in idx]),
                 **extra)
         except Exception:  # noqa: BLE001 - retried request by request below
@@ -459,7 +487,7 @@ class BatchExecutor:
                 one, seconds = await self._timed_call(model.encode, [texts[k] for k in ks],
                                                       lengths=[lengths[k] for k in ks],
                                                       started=[pending[i]],
-                                                      on_start=on_start, on_end=on_end,
+                                                      on_start=on_start, on_begin=on_begin,
                                                       **extra)
             except Exception as e:  # noqa: BLE001 - contained: this request fails alone
                 pending[i].error = f"model failed: {type(e).__name__}: {e}"
@@ -532,9 +560,9 @@ class BatchExecutor:
         try:
             documents = inp.documents
             if inp.max_tokens_per_doc is not None:
-                documents = await self._thread(model.cut_documents, documents,
+                documents = await self._aside(model.cut_documents, documents,
                                                inp.max_tokens_per_doc)
-            lengths = await self._thread(model.token_lengths, inp.query, documents)
+            lengths = await self._aside(model.token_lengths, inp.query, documents)
             if refuses_truncation(inp):
                 for i, n in enumerate(lengths):
                     if n > limit:

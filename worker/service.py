@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -83,6 +84,7 @@ from schemas.topics import Topics
 from worker.credit_return import release_delay_s
 from worker.execute import BatchExecutor, MicrobatchStats, Served
 from worker.metrics import WorkerMetrics
+from worker.model_thread import ModelThread
 
 __all__ = ["WorkerService", "WorkerSettings", "WorkerStats", "add_arguments", "in_thread",
            "load_model", "run"]
@@ -130,22 +132,17 @@ class WorkerStats:
                 "dead_letters": self.dead_letters, "results": dict(self.results)}
 
 
-def in_thread(threads: int | None):
-    """``asyncio.to_thread`` that sets torch's intra-op threads in the thread running the call.
+def in_thread(threads: int | None) -> ModelThread:
+    """The model's thread (:mod:`worker.model_thread`), with torch's intra-op threads set in it.
 
     torch keeps that count per thread: ``torch.set_num_threads`` in the event
-    loop's thread does not reach a pool thread that had already run torch
-    (the one that loaded the model kept torch's default, one thread per
-    core, and later ran batches with it: a worker given one thread used two
-    cores here, sixteen on a 16-core machine).
+    loop's thread does not reach another thread that had already run torch
+    (a pool thread that loaded the model kept torch's default, one thread
+    per core, and later ran batches with it: a worker given one thread used
+    two cores here, sixteen on a 16-core machine). Every model call, the
+    load and the warm-up included, runs in this one thread.
     """
-    async def run(fn, /, *args, **kwargs):
-        def call():
-            if threads:
-                _torch_threads(threads)
-            return fn(*args, **kwargs)
-        return await asyncio.to_thread(call)
-    return run
+    return ModelThread(functools.partial(_torch_threads, threads) if threads else None)
 
 
 def _torch_threads(n: int) -> None:
@@ -192,6 +189,7 @@ class WorkerService(Service):
         self.stats = WorkerStats()
         self.model = model
         self.executor: BatchExecutor | None = None
+        self._model_thread: ModelThread | None = None
         self.offsets = OffsetTracker()
         self._in_hand: dict[str, asyncio.Task] = {}  # batch id -> its task
         self._in_hand_tp: dict[str, TopicPartition] = {}
@@ -229,7 +227,7 @@ class WorkerService(Service):
     async def open(self) -> None:
         """Load the model, connect, join the endpoint's group."""
         s = self.settings
-        run_in_thread = in_thread(s.threads)
+        self._model_thread = run_in_thread = in_thread(s.threads)
         if s.threads:
             _torch_threads(s.threads)
         if self.model is None:
@@ -246,7 +244,7 @@ class WorkerService(Service):
         self.executor = BatchExecutor(
             self.model, self.kind, worker=self.worker_id,
             max_padded_tokens=s.microbatch_tokens, max_size=s.microbatch_size,
-            on_microbatch=self._microbatch_done, run_in_thread=run_in_thread,
+            on_microbatch=self._microbatch_done, model_thread=run_in_thread,
             on_last_step=self._release)
         created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._producer = make_producer(self.kafka, linger_ms=0)
@@ -299,6 +297,8 @@ class WorkerService(Service):
                 await self._commit()
         await close_clients(self._consumer, self._producer, self._events_producer)
         self._consumer = self._producer = self._events_producer = None
+        if self._model_thread is not None:
+            self._model_thread.close()
 
     async def abort(self) -> None:
         """Die as a crashed process would: no bye, no commit (for failure tests)."""

@@ -202,16 +202,12 @@ class _Exploding(FakeEmbedder):
         return super().encode(texts, lengths=lengths)
 
 
-async def _direct(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
 _LOOP = asyncio.new_event_loop()
 _EXECUTORS = {
     "embed": BatchExecutor(_Exploding(), "embed", worker="w", max_padded_tokens=64, max_size=4,
-                           run_in_thread=_direct),
+                           inline=True),
     "rerank": BatchExecutor(CosineReranker(_Exploding()), "rerank", worker="w",
-                            max_padded_tokens=64, max_size=4, run_in_thread=_direct),
+                            max_padded_tokens=64, max_size=4, inline=True),
 }
 
 

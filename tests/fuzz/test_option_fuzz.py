@@ -355,13 +355,9 @@ def test_hostile_option_values_never_break_admission(kind, values):
     event(type(out).__name__)
 
 
-async def _inline(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
 _MODEL = FakeEmbedder(dim=DIM, max_seq_length=MAX_SEQ)
 _EXECUTOR = BatchExecutor(_MODEL, "embed", worker="w", max_padded_tokens=16, max_size=3,
-                          run_in_thread=_inline)
+                          inline=True)
 
 
 @fuzz_settings(300)

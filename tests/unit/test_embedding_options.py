@@ -26,10 +26,6 @@ from worker.quantize import quantize, ranges_of
 _results = codec_for(Result)
 
 
-async def _inline(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
 def req(i: int, inp, org: str = "a") -> AdmittedRequest:
     return AdmittedRequest(id=f"r{i}", org=org, endpoint="e", tier="t", input=inp, tokens=3,
                            created_ms=1, admitted_ms=2, reply_to="sf.results")
@@ -48,7 +44,7 @@ async def serve(ex: BatchExecutor, *inputs) -> list[Result]:
 
 def embedder(**kw) -> tuple[FakeEmbedder, BatchExecutor]:
     model = FakeEmbedder(dim=kw.pop("dim", 16), max_seq_length=kw.pop("max_seq_length", 8), **kw)
-    return model, BatchExecutor(model, "embed", worker="w", run_in_thread=_inline)
+    return model, BatchExecutor(model, "embed", worker="w", inline=True)
 
 
 TEXTS = ["alpha beta", "gamma delta epsilon", "zeta"]
@@ -163,7 +159,7 @@ async def test_requests_with_different_options_share_no_model_call():
             calls.append((len(texts), options))
             return super().encode(texts, lengths=lengths, options=options)
 
-    ex = BatchExecutor(Counting(dim=8), "embed", worker="w", run_in_thread=_inline)
+    ex = BatchExecutor(Counting(dim=8), "embed", worker="w", inline=True)
     await serve(ex, EmbedInput(texts=["a", "b"]), EmbedInput(texts=["c"], dimensions=2),
                 EmbedInput(texts=["d"]))
     assert sorted(calls, key=lambda c: c[0]) == [(1, EncodeOptions(dimensions=2)),
@@ -229,7 +225,7 @@ async def test_failed_calibration_fails_only_the_requests_that_need_it():
                 raise RuntimeError("boom")
             return super().encode(texts, lengths=lengths, options=options)
 
-    ex = BatchExecutor(NoCalibration(), "embed", worker="w", run_in_thread=_inline)
+    ex = BatchExecutor(NoCalibration(), "embed", worker="w", inline=True)
     bad, good = await serve(ex, EmbedInput(texts=["a"], embedding_types=["int8"]),
                             EmbedInput(texts=["a"], embedding_types=["binary"]))
     assert bad.status == "failed" and "calibration failed" in bad.message
@@ -241,7 +237,7 @@ async def test_failed_calibration_fails_only_the_requests_that_need_it():
 
 def reranker(**kw) -> tuple[FakeReranker, BatchExecutor]:
     model = FakeReranker(max_seq_length=kw.pop("max_seq_length", 8), **kw)
-    return model, BatchExecutor(model, "rerank", worker="w", run_in_thread=_inline)
+    return model, BatchExecutor(model, "rerank", worker="w", inline=True)
 
 
 async def test_rerank_options():

@@ -10,10 +10,6 @@ from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder, FakeReranker
 
 
-async def _inline(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
 def req(i, texts=None, *, rerank=None, deadline=None, org="a"):
     inp = RerankInput(query=rerank[0], documents=rerank[1]) if rerank else EmbedInput(
         texts=texts or [f"text number {i}"])
@@ -37,7 +33,7 @@ async def test_every_request_gets_one_ok_result_with_vectors():
     """Each embed request comes back once, with one normalized vector per text."""
     model = FakeEmbedder(dim=8)
     ex = BatchExecutor(model, "embed", worker="w", max_padded_tokens=8, max_size=2,
-                       run_in_thread=_inline)
+                       inline=True)
     reqs = [req(i, [f"a b {i}", "c"]) for i in range(5)]
     steps = await collect(ex, batch(reqs))
     results = [r for s in steps for r in s]
@@ -50,7 +46,7 @@ async def test_every_request_gets_one_ok_result_with_vectors():
 async def test_first_chosen_requests_come_back_first():
     """With order kept by window, the first request's result precedes the last one's."""
     ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", max_padded_tokens=4, max_size=1,
-                       window=1, run_in_thread=_inline)
+                       window=1, inline=True)
     steps = await collect(ex, batch([req(i, ["x " * (10 - i)]) for i in range(4)]))
     assert [s[0].id for s in steps] == ["r0", "r1", "r2", "r3"]
 
@@ -65,7 +61,7 @@ async def test_a_quiet_request_ahead_of_a_burst_comes_back_from_a_call_of_its_ow
             return super().encode(texts, **kwargs)
 
     ex = BatchExecutor(Counting(), "embed", worker="w", max_padded_tokens=4096, max_size=16,
-                       run_in_thread=_inline)
+                       inline=True)
     reqs = [req(0, org="quiet")] + [req(i, org="bulk") for i in range(1, 41)]
     steps = await collect(ex, batch(reqs))
     assert [r.id for r in steps[0]] == ["r0"]
@@ -81,7 +77,7 @@ async def test_bad_request_fails_alone():
                 raise RuntimeError("cannot embed poison")
             return super().encode(texts, lengths=lengths)
 
-    ex = BatchExecutor(Picky(), "embed", worker="w", run_in_thread=_inline)
+    ex = BatchExecutor(Picky(), "embed", worker="w", inline=True)
     steps = await collect(ex, batch([req(0), req(1, ["poison pill"]), req(2)]))
     by_id = {r.id: r for s in steps for r in s}
     assert by_id["r1"].status == "failed" and "poison" in by_id["r1"].message
@@ -90,7 +86,7 @@ async def test_bad_request_fails_alone():
 
 async def test_wrong_kind_and_expired_are_answered():
     """A rerank input on an embed endpoint is invalid; a passed deadline is expired."""
-    ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", run_in_thread=_inline)
+    ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", inline=True)
     steps = await collect(ex, batch([req(0, rerank=("q", ["d"])), req(1, deadline=5), req(2)]))
     by_id = {r.id: r for s in steps for r in s}
     assert by_id["r0"].status == "invalid" and by_id["r0"].reason == "wrong_input_kind"
@@ -100,14 +96,14 @@ async def test_wrong_kind_and_expired_are_answered():
 
 async def test_truncation_is_reported_per_text():
     """A text longer than the model reads is flagged, its neighbour is not."""
-    ex = BatchExecutor(FakeEmbedder(max_seq_length=4), "embed", worker="w", run_in_thread=_inline)
+    ex = BatchExecutor(FakeEmbedder(max_seq_length=4), "embed", worker="w", inline=True)
     steps = await collect(ex, batch([req(0, ["a b c d e f", "a b"])]))
     assert steps[0][0].truncated == [True, False]
 
 
 async def test_rerank_scores_and_ranking():
     """Rerank gives one score per document and a best-first ranking cut to top_n."""
-    ex = BatchExecutor(FakeReranker(), "rerank", worker="w", run_in_thread=_inline)
+    ex = BatchExecutor(FakeReranker(), "rerank", worker="w", inline=True)
     r = req(0, rerank=("red apple", ["blue sky", "red apple pie", "apple"]))
     r.input.top_n = 2
     steps = await collect(ex, batch([r]))
@@ -142,6 +138,39 @@ async def test_runs_in_a_thread_by_default():
     assert [r.status for s in steps for r in s] == ["ok"]
 
 
+class Gated(FakeEmbedder):
+    """A model that takes time: a call whose first text is in ``hold`` waits there until
+    the test opens the gate (in the model's thread, as a GPU call would)."""
+
+    instant = False
+
+    def __init__(self, hold=()):
+        super().__init__()
+        self.hold = set(hold)
+        self.gate = threading.Event()
+        self.calls: list[str] = []
+
+    def encode(self, texts, *, lengths=None):
+        self.calls.append(texts[0])
+        if texts[0] in self.hold:
+            assert self.gate.wait(10), "the test never opened the gate"
+        return super().encode(texts, lengths=lengths)
+
+
+async def until(cond, what: str, timeout_s: float = 10.0) -> None:
+    """Wait for ``cond()`` (polled), failing with ``what`` after ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"waited {timeout_s} s for {what}")
+        await asyncio.sleep(0.005)
+
+
+def queued(ex) -> list:
+    """The calls waiting in the executor's model thread."""
+    return list(ex._thread._queue)
+
+
 async def test_two_batches_in_hand_take_the_model_in_turn_and_release_when_they_get_it():
     """A batch's credit returns as its last call gets the model, not while it waits for it.
 
@@ -149,199 +178,121 @@ async def test_two_batches_in_hand_take_the_model_in_turn_and_release_when_they_
     one's model call is held open. The second must neither call the model
     nor return its credit until the first is done.
     """
-    gate = asyncio.Event()
-    calls: list[str] = []
     released: list[str] = []
-    inside = 0
-
-    class Timed(FakeEmbedder):
-        instant = False  # it takes time, as a real model does
-
-    model = Timed()
-
-    async def runner(fn, *args, **kwargs):
-        nonlocal inside
-        if fn != model.encode:  # token counting: not a model call
-            return fn(*args, **kwargs)
-        inside += 1
-        assert inside == 1, "two model calls at once"
-        calls.append(args[0][0])
-        if len(calls) == 1:
-            await gate.wait()
-        inside -= 1
-        return fn(*args, **kwargs)
-
-    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner,
+    model = Gated(hold={"first"})
+    ex = BatchExecutor(model, "embed", worker="w",
                        on_last_step=lambda b, expect_s: released.append(b.id))
     one = Batch(id="b1", endpoint="e", requests=[req(1, ["first"])], tokens=3, created_ms=3)
     two = Batch(id="b2", endpoint="e", requests=[req(2, ["second"])], tokens=3, created_ms=3)
     first = asyncio.create_task(collect(ex, one))
     second = asyncio.create_task(collect(ex, two))
-    for _ in range(50):  # let both run as far as they can
-        await asyncio.sleep(0)
-    assert calls == ["first"], calls
+    await until(lambda: model.calls == ["first"] and len(queued(ex)) == 1,
+                "b1's call in the model and b2's waiting for it")
+    await asyncio.sleep(0.05)  # b2's call waits: its credit must not return meanwhile
     assert released == ["b1"], "the waiting batch returned its credit before it had the model"
-    gate.set()
+    model.gate.set()
     await asyncio.wait_for(asyncio.gather(first, second), 10)
-    assert calls == ["first", "second"] and released == ["b1", "b2"]
+    assert model.calls == ["first", "second"] and released == ["b1", "b2"]
+    ex.close()
 
 
-async def test_the_next_batch_gets_the_model_before_the_last_ones_results_are_handled():
-    """A call's end hands the model to the call waiting for it, then its results are handled.
+async def test_the_next_batch_is_handed_to_the_model_before_the_last_ones_call_ends():
+    """While a call runs, a waiting batch's call is already in the model's thread.
 
-    The results of a call (built, encoded, handed to the producer) take the
-    event loop for a while; a waiting batch that starts its call only after
-    them leaves the model idle meanwhile.
+    It starts the moment the running call ends, not once the event loop has
+    seen that end and handled its results (built, encoded, handed to the
+    producer): the model would sit idle meanwhile.
     """
-    gate = asyncio.Event()
-    events: list[str] = []
-
-    class Timed(FakeEmbedder):
-        instant = False  # it takes time, as a real model does
-
-    model = Timed()
-
-    async def runner(fn, *args, **kwargs):
-        if fn == model.encode:
-            events.append(f"call {args[0][0]}")
-            if args[0][0] == "first":
-                await gate.wait()
-        return fn(*args, **kwargs)
-
-    async def handle(b: Batch) -> None:
-        async for _ in ex.serve(b):
-            events.append(f"results {b.id}")
-
-    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner)
+    model = Gated(hold={"first"})
+    ex = BatchExecutor(model, "embed", worker="w")
     one = Batch(id="b1", endpoint="e", requests=[req(1, ["first"])], tokens=3, created_ms=3)
     two = Batch(id="b2", endpoint="e", requests=[req(2, ["second"])], tokens=3, created_ms=3)
-    first = asyncio.create_task(handle(one))
-    second = asyncio.create_task(handle(two))
-    for _ in range(50):  # both as far as they can: b1 in its call, b2 waiting for the model
-        await asyncio.sleep(0)
-    assert events == ["call first"], events
-    gate.set()
+    first = asyncio.create_task(collect(ex, one))
+    second = asyncio.create_task(collect(ex, two))
+    await until(lambda: model.calls == ["first"] and len(queued(ex)) == 1,
+                "b2's call handed to the model's thread while b1's runs")
+    model.gate.set()
     await asyncio.wait_for(asyncio.gather(first, second), 10)
-    assert events == ["call first", "call second", "results b1", "results b2"], events
+    assert model.calls == ["first", "second"]
+    ex.close()
 
 
-async def test_a_batchs_next_micro_batch_gets_the_model_before_the_last_ones_results_are_handled():
-    """Within one batch too: micro-batch n + 1 waits for the model while n runs.
+async def test_a_batchs_next_micro_batch_is_handed_over_while_the_one_before_runs():
+    """Within one batch too: micro-batch n + 1 waits in the model's thread while n runs.
 
     With one batch in hand (most of the time at a saturated worker whose
-    next batch is still on its way), a next micro-batch asked for only after
-    the previous one's results were handled left the model idle for as long
-    as they took.
+    next batch is still on its way), a micro-batch handed over only after
+    the previous one's end had reached the event loop left the model idle
+    for the loop's latency and the previous results' handling.
     """
-    gate = asyncio.Event()
-    events: list[str] = []
-
-    class Timed(FakeEmbedder):
-        instant = False  # it takes time, as a real model does
-
-    model = Timed()
-
-    async def runner(fn, *args, **kwargs):
-        if fn == model.encode:
-            events.append(f"call {args[0][0]}")
-            if args[0][0] == "first":
-                await gate.wait()
-        return fn(*args, **kwargs)
-
-    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner, max_size=1)
+    model = Gated(hold={"first"})
+    ex = BatchExecutor(model, "embed", worker="w", max_size=1)
     both = Batch(id="b", endpoint="e", requests=[req(1, ["first"]), req(2, ["second"])],
                  tokens=6, created_ms=3)
+    task = asyncio.create_task(collect(ex, both))
+    await until(lambda: model.calls == ["first"] and len(queued(ex)) == 1,
+                "the second micro-batch handed over while the first runs")
+    waiting = queued(ex)[0]
+    assert waiting.follows is not None and waiting.key is None, \
+        "the next micro-batch was not handed over as the running call's continuation"
+    model.gate.set()
+    steps = await asyncio.wait_for(task, 10)
+    assert model.calls == ["first", "second"]
+    assert [[r.id for r in step] for step in steps] == [["r1"], ["r2"]]
+    ex.close()
 
-    async def handle() -> None:
-        async for done in ex.serve(both):
-            events.append(f"results {[s.result.id for s in done]}")
 
-    task = asyncio.create_task(handle())
-    for _ in range(50):  # the first call holds the model, the second waits for it
-        await asyncio.sleep(0)
-    assert events == ["call first"], events
-    gate.set()
-    await asyncio.wait_for(task, 10)
-    assert events == ["call first", "call second", "results ['r1']", "results ['r2']"], events
+async def test_a_micro_batch_handed_over_early_queues_behind_a_newer_batchs_call():
+    """A continuation takes its place when the call before it ends.
 
-
-async def test_a_micro_batch_asked_at_the_end_of_the_last_queues_behind_a_waiting_batch():
-    """Asking at the end of the call before keeps the order calls asked in.
-
-    Batch A has two micro-batches; batch B's call waits while A's first
-    runs. A's second asks as A's first ends, so B's (asked earlier) goes
-    first: a quiet request at the head of a newer batch is not put behind
-    the rest of an older one.
+    Batch A has two micro-batches; A's second is handed over as A's first
+    begins. Batch B's call, handed over while A's first runs, goes first: a
+    quiet request at the head of a newer batch is not put behind the rest
+    of an older one.
     """
-    gate = asyncio.Event()
-    events: list[str] = []
-
-    class Timed(FakeEmbedder):
-        instant = False
-
-    model = Timed()
-
-    async def runner(fn, *args, **kwargs):
-        if fn == model.encode:
-            events.append(f"call {args[0][0]}")
-            if args[0][0] == "a0":
-                await gate.wait()
-        return fn(*args, **kwargs)
-
-    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner, max_size=1)
+    model = Gated(hold={"a0"})
+    ex = BatchExecutor(model, "embed", worker="w", max_size=1)
     a = Batch(id="a", endpoint="e", requests=[req(1, ["a0"]), req(2, ["a1"])], tokens=6,
               created_ms=3)
     b = Batch(id="b", endpoint="e", requests=[req(3, ["b0"])], tokens=3, created_ms=3)
     first = asyncio.create_task(collect(ex, a))
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await until(lambda: model.calls == ["a0"] and len(queued(ex)) == 1,
+                "A's second micro-batch handed over while its first runs")
     second = asyncio.create_task(collect(ex, b))
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert events == ["call a0"], events
-    gate.set()
+    await until(lambda: len(queued(ex)) == 2, "B's call handed over")
+    model.gate.set()
     await asyncio.wait_for(asyncio.gather(first, second), 10)
-    assert events == ["call a0", "call b0", "call a1"], events
+    assert model.calls == ["a0", "b0", "a1"], model.calls
+    ex.close()
 
 
 async def test_a_batch_left_early_cancels_its_waiting_calls():
     """A consumer that stops reading a batch's results leaves no call behind."""
-    gate = asyncio.Event()
-    calls: list[str] = []
-
-    class Timed(FakeEmbedder):
-        instant = False
-
-    model = Timed()
-
-    async def runner(fn, *args, **kwargs):
-        if fn == model.encode:
-            calls.append(args[0][0])
-            if args[0][0] != "t0":
-                await gate.wait()  # never set: the second call holds the model
-        return fn(*args, **kwargs)
-
-    ex = BatchExecutor(model, "embed", worker="w", run_in_thread=runner, max_size=1)
+    model = Gated(hold={"t1"})
+    ex = BatchExecutor(model, "embed", worker="w", max_size=1)
     three = Batch(id="b", endpoint="e", requests=[req(i, [f"t{i}"]) for i in range(3)],
                   tokens=9, created_ms=3)
     steps = ex.serve(three)
     first = await asyncio.wait_for(anext(steps), 10)
     assert [s.result.id for s in first] == ["r0"]
-    for _ in range(20):  # the one call ahead reaches the model
-        await asyncio.sleep(0)
-    assert calls == ["t0", "t1"], calls
+    await until(lambda: model.calls == ["t0", "t1"] and len(queued(ex)) == 1,
+                "t1 in the model, t2 waiting for it")
     await steps.aclose()
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert calls == ["t0", "t1"], calls  # the third was never asked for
-    assert not ex._model_lock.locked(), "a call of a batch left early still holds the model"
+    model.gate.set()
+    # Two calls handed over one after the other: once the second has run,
+    # everything ahead of it (t2, had it not been dropped) has been taken.
+    for _ in range(2):
+        await ex._model_call(lambda: None)
+    assert model.calls == ["t0", "t1"], model.calls  # t2 never ran
+    assert not queued(ex), "a call of a batch left early is still waiting for the model"
+    ex.close()
 
 
 async def test_the_last_call_is_announced_with_its_expected_time_once_calls_are_measured():
     """No estimate before any call is measured; then the rate measured so far times its size."""
     told: list[tuple[float | None, float | None]] = []
     ex = BatchExecutor(FakeEmbedder(ms_per_token=0.5), "embed", worker="w",
-                       max_padded_tokens=16, max_size=4, run_in_thread=_inline,
+                       max_padded_tokens=16, max_size=4, inline=True,
                        on_last_step=lambda b, expect_s: told.append(
                            (expect_s, ex.seconds_per_padded_token)))
     four_words = ["one two three four"]
@@ -360,7 +311,7 @@ async def test_the_last_call_is_announced_with_its_expected_time_once_calls_are_
 async def test_texts_of_no_tokens_are_served_and_leave_the_estimate_alone():
     """Empty texts pad to nothing: served ok, no rate measured from a call of 0 tokens."""
     ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", max_padded_tokens=16, max_size=4,
-                       run_in_thread=_inline)
+                       inline=True)
     steps = await collect(ex, batch([req(i, [""]) for i in range(4)]))
     assert sorted(r.id for s in steps for r in s) == ["r0", "r1", "r2", "r3"]
     assert all(r.status == "ok" for s in steps for r in s)
