@@ -152,6 +152,13 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # pipeline's own latency: the fetch in progress when a request is sent
     # has mostly ended by the time its result can be there.
     idle_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 50
+    # The longest aiokafka's background fetcher sleeps before it looks again
+    # for a partition to fetch (its consumer_timeout_ms, 200 by default). In
+    # the CPU demo a batch sometimes reached its worker 175-205 ms after the
+    # scheduler wrote it (5-55 of 504 batches a run, the usual time 2-7 ms):
+    # at 20, none took over 20 ms (docs/demo.md). A wake-up with nothing to
+    # do costs the consumer a few microseconds, no request.
+    consumer_timeout_ms: PositiveMs = 20
     # Group membership. 6 s is the lowest session Apache Kafka accepts by
     # default (group.min.session.timeout.ms) and halves Tansu's group join,
     # which it holds for session_timeout_ms / 2 (5 s at aiokafka's 10 s). A
@@ -438,6 +445,7 @@ def make_consumer(
                               else settings.fetch_max_wait_ms),
         "session_timeout_ms": settings.session_timeout_ms,
         "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+        "consumer_timeout_ms": settings.consumer_timeout_ms,
         **_security_kwargs(settings),
     }
     return Consumer(*topics, **(kwargs | overrides))
@@ -647,6 +655,10 @@ _OPTIONS = (
     _Option("idle_fetch_max_wait_ms", "--kafka-idle-fetch-max-wait-ms",
             "SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS",
             "the same for a client with no request in flight (ms)"),
+    _Option("consumer_timeout_ms", "--kafka-consumer-timeout-ms",
+            "SF_KAFKA_CONSUMER_TIMEOUT_MS",
+            "longest a consumer's background fetcher sleeps before it looks for a "
+            "partition to fetch again (ms)"),
     _Option("session_timeout_ms", "--kafka-session-timeout-ms", "SF_KAFKA_SESSION_TIMEOUT_MS",
             "consumer group session (ms); a dead member is noticed after it"),
     _Option("heartbeat_interval_ms", "--kafka-heartbeat-interval-ms",
