@@ -148,10 +148,13 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # with no request in flight (producer.client.FairnessClient). An idle
     # consumer at 10 ms cost the embedded broker 7-9 % of a core and itself
     # as much; at 50 ms about 2 % each (docs/benchmarks.md, "An idle
-    # client"). 50 ms because a result comes back no sooner than the
-    # pipeline's own latency: the fetch in progress when a request is sent
-    # has mostly ended by the time its result can be there.
-    idle_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 50
+    # client"). But the embedded broker holds an empty fetch for its whole
+    # wait, even when the result comes meanwhile: at 50 ms the quiet orgs of
+    # bench/isolation.py got their results 7-10 ms later at p50 and 14-21 ms
+    # at p99 ("delivery"). So the default is the busy wait; on a Kafka
+    # cluster, which answers as soon as data is there, it can be raised
+    # for free (docs/deployment.md).
+    idle_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 10
     # The longest aiokafka's background fetcher sleeps before it looks again
     # for a partition to fetch (its consumer_timeout_ms, 200 by default). In
     # the CPU demo a batch sometimes reached its worker 175-205 ms after the

@@ -386,11 +386,12 @@ class FairnessClient(StartStop):
         """Poll the reply topic at ``fetch_max_wait_ms`` while a request is in flight, else idle.
 
         With nothing in flight nothing is due, and a fetch every 10 ms costs
-        this process and the broker CPU for nothing; the longer
-        ``idle_fetch_max_wait_ms`` (50 ms) has mostly run out by the time a
-        request just sent can have its result (docs/benchmarks.md, "An idle
-        client"). A request that timed out stays in flight here until its
-        result comes or it is forgotten (``remember_ids``).
+        this process and the broker CPU for nothing. ``idle_fetch_max_wait_ms``
+        is the busy wait by default: the embedded broker holds an empty fetch
+        for its whole wait, so a longer one delays the first result after an
+        idle spell (docs/benchmarks.md, "An idle client"); on a Kafka cluster
+        it can be raised. A request that timed out stays in flight here until
+        its result comes or it is forgotten (``remember_ids``).
         """
         if self._consumer is None:
             return
