@@ -5,7 +5,8 @@ import threading
 
 import pytest
 
-from worker.model_thread import ModelThread
+from tests.integration.pipeline_setup import until
+from worker.model_thread import Job, ModelThread
 
 
 def gated(log: list[str], name: str, gate: threading.Event | None = None):
@@ -17,12 +18,12 @@ def gated(log: list[str], name: str, gate: threading.Event | None = None):
     return call
 
 
-async def until(cond, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + 10
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"waited 10 s for {what}")
-        await asyncio.sleep(0.005)
+async def held_open(t: ModelThread, log: list[str], name: str) -> tuple[Job, threading.Event]:
+    """A call held open in ``t`` until the returned gate is set, once it is running."""
+    gate = threading.Event()
+    job = t.submit(gated(log, name, gate))
+    await until(lambda: log == [name], f"{name} running", timeout_s=10)
+    return job, gate
 
 
 async def test_calls_run_in_one_thread_in_the_order_handed_over():
@@ -44,10 +45,8 @@ async def test_calls_run_in_one_thread_in_the_order_handed_over():
 
 async def test_a_continuation_waits_for_its_call_to_end_then_for_the_calls_handed_over_before():
     log: list[str] = []
-    gate = threading.Event()
     t = ModelThread()
-    a0 = t.submit(gated(log, "a0", gate))
-    await until(lambda: log == ["a0"], "a0 running")
+    a0, gate = await held_open(t, log, "a0")
     a1 = t.submit(gated(log, "a1"), follows=a0)  # A's next, handed over as a0 runs
     b0 = t.submit(gated(log, "b0"))              # a newer batch, handed over meanwhile
     assert a1.key is None and b0.key is not None
@@ -63,10 +62,8 @@ async def test_a_continuation_waits_for_its_call_to_end_then_for_the_calls_hande
 
 async def test_a_continuation_of_a_call_dropped_before_it_ran_still_runs():
     log: list[str] = []
-    gate = threading.Event()
     t = ModelThread()
-    first = t.submit(gated(log, "first", gate))
-    await until(lambda: log == ["first"], "first running")
+    first, gate = await held_open(t, log, "first")
     dropped = t.submit(gated(log, "dropped"))
     after = t.submit(gated(log, "after"), follows=dropped)
     dropped.future.cancel()
@@ -106,10 +103,8 @@ async def test_setup_runs_in_the_thread_and_a_failed_setup_fails_every_call():
 
 async def test_close_cancels_the_calls_not_started():
     log: list[str] = []
-    gate = threading.Event()
     t = ModelThread()
-    running = t.submit(gated(log, "running", gate))
-    await until(lambda: log == ["running"], "the first call running")
+    running, gate = await held_open(t, log, "running")
     waiting = t.submit(gated(log, "waiting"))
     t.close()
     with pytest.raises(asyncio.CancelledError):

@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput
+from tests.integration.pipeline_setup import until
 from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder, FakeReranker
 
@@ -157,15 +158,6 @@ class Gated(FakeEmbedder):
         return super().encode(texts, lengths=lengths)
 
 
-async def until(cond, what: str, timeout_s: float = 10.0) -> None:
-    """Wait for ``cond()`` (polled), failing with ``what`` after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"waited {timeout_s} s for {what}")
-        await asyncio.sleep(0.005)
-
-
 def queued(ex) -> list:
     """The calls waiting in the executor's model thread."""
     return list(ex._thread._queue)
@@ -187,7 +179,7 @@ async def test_two_batches_in_hand_take_the_model_in_turn_and_release_when_they_
     first = asyncio.create_task(collect(ex, one))
     second = asyncio.create_task(collect(ex, two))
     await until(lambda: model.calls == ["first"] and len(queued(ex)) == 1,
-                "b1's call in the model and b2's waiting for it")
+                "b1's call in the model and b2's waiting for it", timeout_s=10)
     await asyncio.sleep(0.05)  # b2's call waits: its credit must not return meanwhile
     assert released == ["b1"], "the waiting batch returned its credit before it had the model"
     model.gate.set()
@@ -210,7 +202,7 @@ async def test_the_next_batch_is_handed_to_the_model_before_the_last_ones_call_e
     first = asyncio.create_task(collect(ex, one))
     second = asyncio.create_task(collect(ex, two))
     await until(lambda: model.calls == ["first"] and len(queued(ex)) == 1,
-                "b2's call handed to the model's thread while b1's runs")
+                "b2's call handed to the model's thread while b1's runs", timeout_s=10)
     model.gate.set()
     await asyncio.wait_for(asyncio.gather(first, second), 10)
     assert model.calls == ["first", "second"]
@@ -231,7 +223,7 @@ async def test_a_batchs_next_micro_batch_is_handed_over_while_the_one_before_run
                  tokens=6, created_ms=3)
     task = asyncio.create_task(collect(ex, both))
     await until(lambda: model.calls == ["first"] and len(queued(ex)) == 1,
-                "the second micro-batch handed over while the first runs")
+                "the second micro-batch handed over while the first runs", timeout_s=10)
     waiting = queued(ex)[0]
     assert waiting.follows is not None and waiting.key is None, \
         "the next micro-batch was not handed over as the running call's continuation"
@@ -257,9 +249,9 @@ async def test_a_micro_batch_handed_over_early_queues_behind_a_newer_batchs_call
     b = Batch(id="b", endpoint="e", requests=[req(3, ["b0"])], tokens=3, created_ms=3)
     first = asyncio.create_task(collect(ex, a))
     await until(lambda: model.calls == ["a0"] and len(queued(ex)) == 1,
-                "A's second micro-batch handed over while its first runs")
+                "A's second micro-batch handed over while its first runs", timeout_s=10)
     second = asyncio.create_task(collect(ex, b))
-    await until(lambda: len(queued(ex)) == 2, "B's call handed over")
+    await until(lambda: len(queued(ex)) == 2, "B's call handed over", timeout_s=10)
     model.gate.set()
     await asyncio.wait_for(asyncio.gather(first, second), 10)
     assert model.calls == ["a0", "b0", "a1"], model.calls
@@ -276,7 +268,7 @@ async def test_a_batch_left_early_cancels_its_waiting_calls():
     first = await asyncio.wait_for(anext(steps), 10)
     assert [s.result.id for s in first] == ["r0"]
     await until(lambda: model.calls == ["t0", "t1"] and len(queued(ex)) == 1,
-                "t1 in the model, t2 waiting for it")
+                "t1 in the model, t2 waiting for it", timeout_s=10)
     await steps.aclose()
     model.gate.set()
     # Two calls handed over one after the other: once the second has run,
