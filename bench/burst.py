@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
 import os
 import time
@@ -28,7 +29,7 @@ from traffic.replay import ReplaySettings, replay
 from traffic.replay_sources import ReplayItem
 from traffic.textsynth import TextSynth
 
-__all__ = ["BurstOutcome", "BurstProcess", "burst_items", "start_burst"]
+__all__ = ["BurstOutcome", "BurstProcess", "burst_items", "model_idle_ms", "start_burst"]
 
 
 def burst_items(org: str, burst: int, tokens: int) -> list[ReplayItem]:
@@ -39,6 +40,28 @@ def burst_items(org: str, burst: int, tokens: int) -> list[ReplayItem]:
         input=synth.make_input("embed", tokens, f"b{i}"))) for i in range(burst)]
 
 
+def model_idle_ms(stamps: list[tuple[int, int, int]]) -> tuple[float, float] | None:
+    """(ramp, gaps) in ms from ``(created_ms, started_ms, completed_ms)`` of a burst's results.
+
+    Its requests' ``started_ms`` group them by the model call that started
+    them (one worker); a call ends about when its first result is completed
+    (stamped on the worker's loop just after). ``ramp``: the first request
+    created to the first call's start; ``gaps``: the sum of each call's start
+    after the one before it ended, where it started later. With other orgs'
+    calls beside the burst's (a quiet org at a light rate) some of a gap
+    may be theirs; with several workers the calls interleave and the figure
+    means little: 1 worker only.
+    """
+    if not stamps:
+        return None
+    ends: dict[int, int] = {}
+    for _, started, completed in stamps:
+        ends[started] = min(completed, ends.get(started, completed))
+    starts = sorted(ends)
+    gaps = sum(max(0, b - ends[a]) for a, b in itertools.pairwise(starts))
+    return float(starts[0] - min(c for c, _, _ in stamps)), float(gaps)
+
+
 class BurstOutcome(NamedTuple):
     """What the bursting org got: statuses, and when its burst was sent and last served."""
 
@@ -46,6 +69,9 @@ class BurstOutcome(NamedTuple):
     #: Epoch seconds: the first request created, the last ``ok`` result completed.
     first_created_s: float | None
     last_completed_s: float | None
+    #: Where the model's time in the burst's span was not the burst's
+    #: calls (:func:`model_idle_ms`): (before its first call, between its calls).
+    idle_ms: tuple[float, float] | None = None
 
     @property
     def ok(self) -> int:
@@ -70,8 +96,12 @@ def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
         got = [g[0] for g in run.results if g is not None]
         created = [r.created_ms for r in got if r.created_ms is not None]
         completed = [r.completed_ms for r in got if r.status == "ok" and r.completed_ms]
+        stamps = [(r.created_ms, r.started_ms, r.completed_ms) for r in got
+                  if r.status == "ok" and None not in (r.created_ms, r.started_ms,
+                                                       r.completed_ms)]
         return BurstOutcome(statuses, min(created) / 1000 if created else None,
-                            max(completed) / 1000 if completed else None)
+                            max(completed) / 1000 if completed else None,
+                            model_idle_ms(stamps))
 
     configure_logging("WARNING")
     out.put(tuple(asyncio.run(go())))

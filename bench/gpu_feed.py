@@ -26,7 +26,10 @@ quiet org's p99 against its unloaded p99 and the bound
 
 ``--json OUT`` writes, per worker count, ``busy``, ``served_rps``,
 ``capacity_rps``, ``quiet_p99_ms``, ``quiet_unloaded_p99_ms``, ``batch_ms``,
-``round_trip_ms``, ``bound_ms``.
+``round_trip_ms``, ``bound_ms``; with 1 worker also where the model was
+not running the burst (``idle_ramp_ms``: before its first call,
+``idle_gaps_ms``: between its calls; ``bench/burst.py``'s
+``model_idle_ms``).
 
 Run: ``python bench/gpu_feed.py`` (workers 1 and 2), ``--quick`` (1 worker,
 a smaller burst).
@@ -168,12 +171,17 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
                      if g is not None and it.request.org == QUIET_ORG]
     stages = stage_times(quiet_results)
     print(stage_line(stages, label=f"{workers} worker(s), {QUIET_ORG} under the burst"))
+    ramp_ms, gaps_ms = burst.idle_ms if workers == 1 and burst.idle_ms else (None, None)
+    if ramp_ms is not None:
+        print(f"1 worker: the model not running the burst in its span of {span * 1000:,.0f} ms: "
+              f"{ramp_ms:,.0f} ms before its first call, {gaps_ms:,.0f} ms between its calls")
     return {"stages_p99_ms": {k: sorted(v)[int(0.99 * (len(v) - 1))] if v else None
                               for k, v in stages.items()},
             "workers": workers, "busy": busy_s / (workers * span), "served_rps": burst.ok / span,
             "capacity_rps": capacity, "quiet_p99_ms": quiet, "quiet_unloaded_p99_ms":
             quiet_unloaded, "batch_ms": batch_ms, "round_trip_ms": round_trip_ms,
-            "bound_ms": bound, "burst": args.burst, "not_ok": missing, "span_s": span}
+            "bound_ms": bound, "burst": args.burst, "not_ok": missing, "span_s": span,
+            "idle_ramp_ms": ramp_ms, "idle_gaps_ms": gaps_ms}
 
 
 async def amain(args) -> dict:

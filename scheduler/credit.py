@@ -53,9 +53,11 @@ outstanding of estimated total ``work`` ms:
   two batches queued, one more batch of wait, measured in
   ``docs/benchmarks.md``.)
 
-A worker returns a batch's credit when it *starts* the batch's last
-micro-batch (it lists the batch as ``released``), so the next batch is on
-its way while that micro-batch runs. Until a worker has reported a batch
+A worker returns a batch's credit a lead before the batch's expected end
+(it lists the batch as ``released``; :mod:`worker.credit_return`): as its
+last micro-batch starts, or during it, or where the last micro-batches
+together are shorter than the lead, as an earlier one starts; the next
+batch is on its way while they run. Until a worker has reported a batch
 it gets one batch at a time (nothing is known of its speed, and a slow
 worker must not find ``cap`` batches queued); from its first report the
 estimates decide, and an unmeasured round trip counts as zero. A worker that stops reporting loses everything with it after

@@ -62,7 +62,8 @@ How much each worker holds
 it a worker gets another batch only while its measured credit leaves room
 (:mod:`scheduler.credit`: enough work to cover the round trip at its
 measured speed behind the batch it runs, within ``max_outstanding_ms``).
-Batches a worker lists as ``released`` (it started their last micro-batch)
+Batches a worker lists as ``released`` (it returned their credit, a lead
+before their expected end: :mod:`worker.credit_return`)
 no longer count against it. ``mode="slots"``: the fixed count of before,
 every outstanding batch counting until it is reported done.
 
@@ -103,7 +104,7 @@ class WorkerSlots:
     last_seen_ms: float = 0.0
     #: Batch ids the worker's newest event listed in hand.
     in_hand: frozenset[str] = frozenset()
-    #: Of those, the ones whose last micro-batch it started (credit returned).
+    #: Of those, the ones whose credit it returned (their end is a lead away).
     released: frozenset[str] = frozenset()
     #: Tokens of the outstanding batches this scheduler sent (by id).
     tokens: dict[str, int] = field(default_factory=dict)

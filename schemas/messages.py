@@ -182,8 +182,8 @@ class Batch(Message, kw_only=True):
     epoch: Int64 = 0
     #: The scheduler's estimate of the round trip to this worker (its report
     #: out, the next batch back; ms), None until measured: the worker returns
-    #: the batch's credit about this long before its last call ends
-    #: (:mod:`worker.credit_return`).
+    #: the batch's credit about this long (x 1.5, + 10 ms) before the batch's
+    #: expected end (:mod:`worker.credit_return`).
     round_trip_ms: float | None = None
 
 

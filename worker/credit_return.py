@@ -1,4 +1,4 @@
-"""When a worker returns a batch's credit: as late as the round trip allows.
+"""When a worker returns a batch's credit: a round trip before it runs out of work.
 
 A batch's credit goes back to the scheduler during its last micro-batch, so
 the next batch is on its way while that micro-batch runs and the model
@@ -20,25 +20,78 @@ unknown (no round trip measured yet, a model that takes no time), the
 credit goes back at the call's start, as before. A call that ends before
 its timer returns the credit with its batch's end, as any batch does.
 
+Not only the last call: where a batch's last calls together take less
+than the lead (a GPU batch of two 9 ms micro-batches against a lead of
+~22 ms), the credit is due at the start of the first call after which
+less than the lead is left (:func:`release_step`), and the timer runs
+from there with the time left to the batch's end. Returned at the last
+call's start there, the next batch had that one call, 9 ms, to cover a
+round trip of ~8 ms: every slower round trip left the model idle
+(``bench/gpu_feed.py --quick``: 335-444 ms of a 2.7-2.8 s burst in gaps
+between calls, 22-118 ms after; busy 0.81-0.84 -> 0.93-0.97,
+``docs/benchmarks.md``). The price is the lead's worth of work more at the
+worker when the next batch arrives: a quiet request chosen into it waits
+there for the rest of the running batch (the quiet org's worker-queue p99
+in that bench 8-12 -> 17-31 ms) where it waited for the credit at the
+scheduler before.
+
 Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
-__all__ = ["release_delay_s"]
+from collections.abc import Sequence
+
+__all__ = ["lead_s", "release_delay_s", "release_step"]
+
+#: The lead's defaults: ``factor`` x the round trip + ``margin_s``.
+FACTOR, MARGIN_S = 1.5, 0.010
+
+
+def lead_s(round_trip_ms: float | None, *, factor: float = FACTOR,
+           margin_s: float = MARGIN_S) -> float | None:
+    """How long before the worker runs out of work its credit should be back (None: unknown)."""
+    if round_trip_ms is None or not (0 <= round_trip_ms < float("inf")):
+        return None
+    return factor * round_trip_ms / 1000 + margin_s
+
+
+def release_step(expects: Sequence[float | None], round_trip_ms: float | None, *,
+                 factor: float = FACTOR, margin_s: float = MARGIN_S) -> tuple[int, float]:
+    """The call at whose start a batch's credit is due, and the expected seconds after that call.
+
+    ``expects``: each of the batch's calls' expected seconds, in run order
+    (None: not known). Due at the first call after which the calls left
+    are expected to take less than the lead; the last call where a figure
+    is missing (as before the rule looked past it). The timer from that
+    call's start is :func:`release_delay_s` of its own expected time plus
+    the seconds returned.
+    """
+    last = len(expects) - 1
+    lead = lead_s(round_trip_ms, factor=factor, margin_s=margin_s)
+    if last < 0 or lead is None:
+        return max(0, last), 0.0
+    step, after = last, 0.0
+    for n in range(last - 1, -1, -1):
+        e = expects[n + 1]
+        if e is None or not (e >= 0) or after + e >= lead:
+            break
+        step, after = n, after + e
+    return step, after
 
 
 def release_delay_s(expect_s: float | None, round_trip_ms: float | None, *,
-                    factor: float = 1.5, margin_s: float = 0.010,
+                    factor: float = FACTOR, margin_s: float = MARGIN_S,
                     min_delay_s: float = 0.005) -> float:
-    """Seconds after the last call's start to return the batch's credit (0: at once).
+    """Seconds after the releasing call's start to return the batch's credit (0: at once).
 
-    ``expect_s``: the call's expected duration; ``round_trip_ms``: the
-    scheduler's estimate of the round trip to this worker (its report out,
-    the next batch back). A delay below ``min_delay_s`` is not worth a timer.
+    ``expect_s``: the time expected from that call's start to the batch's
+    end; ``round_trip_ms``: the scheduler's estimate of the round trip to
+    this worker (its report out, the next batch back). A delay below
+    ``min_delay_s`` is not worth a timer.
     """
-    if expect_s is None or round_trip_ms is None or not (expect_s > 0) \
-            or not (0 <= round_trip_ms < float("inf")):
+    lead = lead_s(round_trip_ms, factor=factor, margin_s=margin_s)
+    if expect_s is None or lead is None or not (expect_s > 0):
         return 0.0
-    delay = expect_s - (factor * round_trip_ms / 1000 + margin_s)
+    delay = expect_s - lead
     return delay if delay >= min_delay_s else 0.0

@@ -60,6 +60,7 @@ import numpy as np
 
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, Result
 from worker.calibration import CALIBRATION_TEXTS, RangeCache
+from worker.credit_return import release_step
 from worker.interface import DEFAULT_OPTIONS, Embedder, EncodeOptions, Reranker
 from worker.microbatch import padded_tokens, plan_microbatches, plan_with_head
 from worker.model_thread import Job, ModelThread
@@ -114,7 +115,7 @@ class _Pending:
 
 class _Once:
     """``fn(arg, expect_s)`` the first time it is called, nothing after (a batch's
-    credit returns once, however many calls its last micro-batch makes)."""
+    credit returns once, however many calls may start it)."""
 
     __slots__ = ("_arg", "_fn")
 
@@ -126,6 +127,11 @@ class _Once:
         fn, self._fn = self._fn, None
         if fn is not None:
             fn(self._arg, expect_s)
+
+    def at(self, after_s: float) -> Callable[[float | None], None]:
+        """This, called from a call ``after_s`` seconds before the batch's last ends:
+        the time told is the call's own plus those."""
+        return lambda expect_s=None: self(None if expect_s is None else expect_s + after_s)
 
 
 async def _inline(fn, /, *args, **kwargs):
@@ -159,7 +165,7 @@ class BatchExecutor:
                  window: int | None = None,
                  model_thread: ModelThread | None = None, inline: bool | None = None,
                  on_microbatch: Callable[[MicrobatchStats], None] | None = None,
-                 on_last_step: Callable[[Batch, float | None], None] | None = None,
+                 on_release: Callable[[Batch, float | None], None] | None = None,
                  calibration_texts: list[str] | tuple[str, ...] = CALIBRATION_TEXTS):
         if kind not in ("embed", "rerank"):
             raise ValueError(f"kind must be 'embed' or 'rerank', got {kind!r}")
@@ -182,10 +188,12 @@ class BatchExecutor:
         #: Tokenizing: any thread, beside the model's calls, not behind them.
         self._aside: RunInThread = _inline if inline else asyncio.to_thread
         self._on_microbatch = on_microbatch or (lambda s: None)
-        #: Called as a batch's last model call starts, with that call's expected
-        #: seconds (None: not known): the worker returns the batch's credit
-        #: during that call (:mod:`worker.credit_return`).
-        self._on_last_step = on_last_step or (lambda b, expect_s: None)
+        #: Called once per batch, as the model call its credit is due at starts
+        #: (its last, or an earlier one where the calls after it take less than
+        #: the lead: :func:`worker.credit_return.release_step`), with the seconds
+        #: expected from then to the batch's end (None: not known): the worker
+        #: returns the batch's credit in that time (:mod:`worker.credit_return`).
+        self._on_release = on_release or (lambda b, expect_s: None)
         #: Moving average of a model call's seconds per padded token, from the
         #: calls of at least half ``max_size`` texts or a quarter of the budget
         #: (smaller calls are mostly fixed cost): the expected time of a
@@ -225,7 +233,7 @@ class BatchExecutor:
                     yield done
         else:
             for i, req in enumerate(work):
-                last = _Once(self._on_last_step, batch) if i == len(work) - 1 else None
+                last = _Once(self._on_release, batch) if i == len(work) - 1 else None
                 yield [await self._rerank(batch, req, on_start=last)]
 
     async def _model_call(self, fn, /, *args, **kwargs):
@@ -233,7 +241,7 @@ class BatchExecutor:
         return (await self._timed_call(fn, *args, **kwargs))[0]
 
     async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
-                          on_start: _Once | None = None, expect_s: float | None = None,
+                          on_start: Callable[[float | None], None] | None = None, expect_s: float | None = None,
                           on_begin: Callable[[Job | None], None] | None = None,
                           follows: Job | None = None, **kwargs) -> tuple[Any, float]:
         """A model call and the seconds it had the model (its time in the queue excluded).
@@ -322,8 +330,18 @@ class BatchExecutor:
             # Texts of a request that already failed are not worth computing.
             return [live[g] for g in plan[n] if not self._stopped(pending[owner[live[g]][0]])]
 
-        def last_step(n: int) -> _Once | None:
-            return _Once(self._on_last_step, batch) if n == len(plan) - 1 else None
+        # The batch's credit returns as the call it is due at starts
+        # (:func:`worker.credit_return.release_step`), or the first later
+        # one if that one has nothing left to compute.
+        expects = [self._expect_s([min(lengths[live[g]], model.max_seq_length) for g in group_])
+                   for group_ in plan]
+        due, _ = release_step(expects, batch.round_trip_ms)
+        release = _Once(self._on_release, batch)
+
+        def last_step(n: int) -> Callable[[float | None], None] | None:
+            if n < due:
+                return None
+            return release.at(sum(e or 0.0 for e in expects[n + 1:]))
 
         if self._thread is None:  # nothing overlaps a call made on the loop itself
             for n in range(len(plan)):
@@ -445,7 +463,7 @@ class BatchExecutor:
         return list(model.token_lengths(texts, prompt=prompt))
 
     async def _encode_group(self, model: Embedder, texts, lengths, idx: list[int], owner,
-                            pending: list[_Pending], on_start: _Once | None = None,
+                            pending: list[_Pending], on_start: Callable[[float | None], None] | None = None,
                             on_begin: Callable[[Job | None], None] | None = None,
                             follows: Job | None = None) -> list[int]:
         """Encode one micro-batch, a model call per option set; on a model error,
@@ -463,7 +481,7 @@ class BatchExecutor:
 
     async def _encode_call(self, model: Embedder, texts, lengths, idx: list[int],
                            options: EncodeOptions, owner, pending: list[_Pending],
-                           on_start: _Once | None = None,
+                           on_start: Callable[[float | None], None] | None = None,
                            on_begin: Callable[[Job | None], None] | None = None,
                            follows: Job | None = None) -> None:
         extra = _encode_kwargs(options)
@@ -549,7 +567,7 @@ class BatchExecutor:
     # -- rerank ----------------------------------------------------------------
 
     async def _rerank(self, batch: Batch, req: AdmittedRequest,
-                      on_start: _Once | None = None) -> Served:
+                      on_start: Callable[[float | None], None] | None = None) -> Served:
         model: Reranker = self.model  # type: ignore[assignment]
         inp: RerankInput = req.input  # type: ignore[assignment]
         side = truncate_side(inp)

@@ -245,7 +245,7 @@ class WorkerService(Service):
             self.model, self.kind, worker=self.worker_id,
             max_padded_tokens=s.microbatch_tokens, max_size=s.microbatch_size,
             on_microbatch=self._microbatch_done, model_thread=run_in_thread,
-            on_last_step=self._release)
+            on_release=self._release)
         created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._producer = make_producer(self.kafka, linger_ms=0)
         await self._producer.start()
@@ -384,8 +384,8 @@ class WorkerService(Service):
         return len(self._in_hand) - len(self._released)
 
     def _release(self, batch: Batch, expect_s: float | None = None) -> None:
-        """``batch`` starts its last call, expected to take ``expect_s``: return its credit
-        during that call, a round trip before its end (:mod:`worker.credit_return`)."""
+        """``batch`` starts the call its credit is due at, ``expect_s`` before its end:
+        return its credit a round trip before that end (:mod:`worker.credit_return`)."""
         delay = release_delay_s(expect_s, batch.round_trip_ms)
         if delay > 0:
             self.spawn(self._release_after(batch, delay), "released_event_send")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.credit_return import release_delay_s
+from worker.credit_return import release_delay_s, release_step
 
 
 def test_a_long_last_call_returns_its_credit_a_lead_before_its_end():
@@ -43,3 +43,54 @@ def test_the_credit_goes_back_before_the_call_ends_with_the_lead_to_spare(expect
     delay = release_delay_s(expect_s, round_trip_ms)
     assert delay >= 0
     assert delay == 0 or delay <= expect_s - (1.5 * round_trip_ms / 1000 + 0.010) + 1e-9
+
+
+def test_a_gpu_batch_of_two_short_calls_is_due_at_its_first():
+    """Two 9 ms calls against a lead of 1.5 x 8 + 10 = 22 ms: the second alone would leave
+    the next batch 9 ms to cover an 8 ms round trip, so the credit is due at the first."""
+    assert release_step([0.009, 0.009], 8.0) == (0, pytest.approx(0.009))
+
+
+def test_a_cpu_batch_of_long_calls_is_due_at_its_last():
+    """Four 75 ms calls against a lead of 40 ms: at the last, with nothing after it."""
+    assert release_step([0.075] * 4, 20.0) == (3, 0.0)
+
+
+def test_due_at_the_first_call_after_which_less_than_the_lead_is_left():
+    """Lead 25 ms: after call 1, 10 + 10 = 20 ms are left; after call 0, 30 ms."""
+    assert release_step([0.010, 0.010, 0.010, 0.010], 10.0) == (1, pytest.approx(0.020))
+
+
+@pytest.mark.parametrize("expects, round_trip_ms", [
+    ([0.009, 0.009], None), ([0.009, 0.009], math.nan), ([0.009, None], 8.0),
+    ([0.009, math.nan], 8.0), ([0.009, -0.001], 8.0),
+])
+def test_an_unknown_figure_leaves_the_credit_at_the_last_call(expects, round_trip_ms):
+    """No estimate of what is left: the credit is due where it always was."""
+    assert release_step(expects, round_trip_ms) == (1, 0.0)
+
+
+def test_only_the_calls_after_the_due_one_need_an_estimate():
+    """Call 0's time is not known: the credit can still be due at it, not before call 1."""
+    assert release_step([None, 0.009, 0.009], 8.0) == (0, pytest.approx(0.018))
+    assert release_step([0.009, None, 0.009, 0.009], 8.0) == (1, pytest.approx(0.018))
+
+
+def test_a_batch_of_no_calls_is_due_at_none_past_its_end():
+    assert release_step([], 8.0) == (0, 0.0)
+
+
+@given(expects=st.lists(st.one_of(st.none(), st.floats(min_value=0, max_value=1)),
+                        min_size=1, max_size=12),
+       round_trip_ms=st.floats(min_value=0, max_value=1_000, allow_nan=False))
+def test_the_calls_after_the_due_one_take_less_than_the_lead_and_one_more_would_not(
+        expects, round_trip_ms):
+    """The lead covers what is left after the due call, and no earlier call qualifies."""
+    due, after = release_step(expects, round_trip_ms)
+    lead = 1.5 * round_trip_ms / 1000 + 0.010
+    assert 0 <= due <= len(expects) - 1
+    assert after == pytest.approx(sum(expects[due + 1:]))
+    assert after < lead
+    if due > 0:
+        e = expects[due]
+        assert e is None or after + e >= lead

@@ -173,7 +173,7 @@ async def test_two_batches_in_hand_take_the_model_in_turn_and_release_when_they_
     released: list[str] = []
     model = Gated(hold={"first"})
     ex = BatchExecutor(model, "embed", worker="w",
-                       on_last_step=lambda b, expect_s: released.append(b.id))
+                       on_release=lambda b, expect_s: released.append(b.id))
     one = Batch(id="b1", endpoint="e", requests=[req(1, ["first"])], tokens=3, created_ms=3)
     two = Batch(id="b2", endpoint="e", requests=[req(2, ["second"])], tokens=3, created_ms=3)
     first = asyncio.create_task(collect(ex, one))
@@ -285,7 +285,7 @@ async def test_the_last_call_is_announced_with_its_expected_time_once_calls_are_
     told: list[tuple[float | None, float | None]] = []
     ex = BatchExecutor(FakeEmbedder(ms_per_token=0.5), "embed", worker="w",
                        max_padded_tokens=16, max_size=4, inline=True,
-                       on_last_step=lambda b, expect_s: told.append(
+                       on_release=lambda b, expect_s: told.append(
                            (expect_s, ex.seconds_per_padded_token)))
     four_words = ["one two three four"]
     await collect(ex, batch([req(i, four_words) for i in range(4)]))  # one call of 4 x 4
@@ -308,3 +308,36 @@ async def test_texts_of_no_tokens_are_served_and_leave_the_estimate_alone():
     assert sorted(r.id for s in steps for r in s) == ["r0", "r1", "r2", "r3"]
     assert all(r.status == "ok" for s in steps for r in s)
     assert ex.seconds_per_padded_token is None
+
+
+async def test_the_credit_is_due_at_the_first_call_the_lead_covers_the_rest_of():
+    """Two calls of 4 x 4 tokens (1.6 ms each): at a 10 ms round trip (lead 25 ms) the
+    second one's time is covered, so the credit is announced as the first call starts,
+    with both calls' time; with no round trip known, as the second starts, with its own.
+    (``told`` holds the time in padded tokens at the rate measured then.)"""
+    calls: list[int] = []
+    told: list[tuple[int, float | None]] = []
+
+    class Counting(FakeEmbedder):
+        def encode(self, texts, **kwargs):
+            calls.append(len(texts))
+            return super().encode(texts, **kwargs)
+
+    ex = BatchExecutor(Counting(ms_per_token=0.1), "embed", worker="w", max_padded_tokens=16,
+                       max_size=4, inline=True,
+                       on_release=lambda b, expect_s: told.append(
+                           (len(calls), expect_s and expect_s / ex.seconds_per_padded_token)))
+    four_words = ["one two three four"]
+    await collect(ex, batch([req(i, four_words) for i in range(4)]))  # measures the rate
+    told.clear()
+    calls.clear()
+    b = Batch(id="b", endpoint="e", requests=[req(i, four_words) for i in range(8)],
+              tokens=24, created_ms=3, round_trip_ms=10.0)
+    await collect(ex, b)
+    assert calls == [4, 4]
+    # As call 0 starts, the time of both calls' 32 padded tokens at the rate measured.
+    assert told == [(0, pytest.approx(32))]
+    told.clear()
+    calls.clear()
+    await collect(ex, batch([req(i, four_words) for i in range(8)]))  # no round trip known
+    assert told == [(1, pytest.approx(16))]  # as call 1 starts: its own 16
