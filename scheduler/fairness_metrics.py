@@ -24,8 +24,9 @@ Metrics (``sf_scheduler_fairness_<thing>_<unit>``; labels ``endpoint`` and
 ``..._tier_share_floor_ratio{endpoint,tier}``  the share its ``min_share`` guarantees (min_share
                                                tiers only)
 ``..._served_share_ratio{endpoint,tier,org}``  an org's share of the lane's served cost
-``..._batch_seconds{endpoint}``                model time of one batch, a moving average of the
-                                               workers' reports (the starvation alert's unit)
+``..._batch_seconds{endpoint}``                model time of one full batch, a moving average of
+                                               the workers' reports, each scaled by how full its
+                                               batch was (the starvation alert's unit)
 ``..._window_seconds``                         the window every figure covers
 =============================================  =================================================
 
@@ -83,7 +84,8 @@ class FairnessMetrics:
                                "An org's share of the lane's served cost in the window "
                                "(allow-listed orgs, else 'other')", [*lt, "org"], registry=r)
         self.batch_seconds = Gauge(f"{p}_batch_seconds",
-                                   "Measured time of one batch on the endpoint's workers",
+                                   "Measured time of one full batch on the endpoint's workers "
+                                   "(each report scaled by how full its batch was)",
                                    ["endpoint"], registry=r)
         self.window = Gauge(f"{p}_window_seconds", "The window the fairness figures cover",
                             registry=r)
@@ -104,7 +106,8 @@ class LiveFairness:
         self.watch = FairnessWatch(config, self.window_s)
         self.metrics = FairnessMetrics(registry)
         self.org_allowlist: frozenset[str] = frozenset()
-        #: endpoint -> moving average of a batch's model time (s), from batch_done events
+        #: endpoint -> moving average of a full batch's model time (s), from batch_done
+        #: events (:meth:`batch_done`)
         self.batch_s: dict[str, float] = {}
         self.configure(config)
 
@@ -112,6 +115,9 @@ class LiveFairness:
         """Follow a (re)loaded configuration."""
         self.watch.configure(config)
         self.org_allowlist = frozenset(config.service.metrics_org_allowlist)
+        #: endpoint -> (max_batch_tokens, max_batch_size): what a full batch is.
+        self._limits = {name: (max(1, ep.max_batch_tokens), max(1, ep.max_batch_size))
+                        for name, ep in config.endpoints.items()}
 
     def held(self, now: float, endpoint: str, backlog: Backlog) -> None:
         """Before a batch is assembled: who holds work on ``endpoint``."""
@@ -123,15 +129,35 @@ class LiveFairness:
         self.watch.served(now, endpoint, [(e.tier, e.org, cost(e)) for e in entries],
                           backlog.held_serials(endpoint))
 
-    def batch_done(self, endpoint: str, seconds: float, alpha: float = 0.2) -> None:
-        """A worker reported a batch served in ``seconds`` of model time (any size).
+    def batch_done(self, endpoint: str, seconds: float, *, requests: int = 0, tokens: int = 0,
+                   alpha: float = 0.2) -> None:
+        """A worker reported a batch of ``requests`` and ``tokens`` served in ``seconds`` of
+        model time: a moving average of what a *full* batch takes.
 
-        The throttle's own measure (:class:`scheduler.snapshot.ServiceRate`)
-        skips batches under half the budget; a starvation alert needs a batch
-        time however full batches are, so this one keeps every report.
+        The starvation alert counts a wait in batch times, the batches of
+        other orgs a backlogged org waits behind, and under a backlog those
+        are full. A smaller batch's time is scaled up by how full it was (the
+        larger of its share of ``max_batch_tokens`` and of
+        ``max_batch_size``): a batch of 2 requests reported first once put
+        the unit at a 2-request batch's 10 ms and the alert's threshold at
+        100 ms, and the alert went pending for a free org behind a
+        gold one's first full batch (a CI run of
+        ``tests/integration/test_prometheus_live.py``). Scaled, a small
+        batch's fixed cost makes the unit larger, not smaller: the alert
+        errs towards silence for waits of a few batches, and still fires for
+        an org left waiting. Unlike the throttle's measure
+        (:class:`scheduler.snapshot.ServiceRate`, batches over half the
+        budget only), every report counts: an endpoint whose batches are
+        never half full still gets a unit. A report without its size (an
+        older worker) counts as a full batch.
         """
         if not (seconds > 0.0) or seconds == float("inf"):
             return
+        limits = self._limits.get(endpoint)
+        if limits is not None and (requests > 0 or tokens > 0):
+            fill = max(tokens / limits[0], requests / limits[1])
+            if 0.0 < fill < 1.0:
+                seconds /= fill
         prev = self.batch_s.get(endpoint)
         self.batch_s[endpoint] = seconds if prev is None else (1 - alpha) * prev + alpha * seconds
 

@@ -411,7 +411,8 @@ class SchedulerService(Service):
             if ev.timings and ev.endpoint in self.core.endpoints:
                 self.core.feedback(ev.endpoint, [(t.org, t.tokens, t.seconds) for t in ev.timings])
                 self.handover.seen(ev)
-            self.fairness.batch_done(ev.endpoint, ev.inference_ms / 1000)
+            self.fairness.batch_done(ev.endpoint, ev.inference_ms / 1000,
+                                     requests=ev.batch_requests, tokens=ev.batch_tokens)
             ep = self.config.endpoints.get(ev.endpoint)
             self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000,
                                done_ms=ev.sent_ms, busy_after=bool(ev.in_flight),

@@ -203,3 +203,23 @@ def test_live_fairness_publishes_bounded_series_and_clears_them():
     assert sum(shares) == pytest.approx(1.0)
     live.reset()
     assert value("sf_scheduler_fairness_gap_cost", **lt) is None
+
+
+def test_the_starvation_unit_is_a_full_batch_even_when_the_first_report_is_small():
+    """A batch of 2 requests (10 ms) reported first must not set the unit at 10 ms.
+
+    max_batch_tokens 40, max_batch_size 64: a batch of 2 requests and 4 tokens
+    is a tenth full by tokens, so its 10 ms counts as a full batch's 100 ms;
+    a full batch's 80 ms counts as it is; a report without its size as full.
+    """
+    cfg = config_for(orgs={"bulk": "t0"}, quantum=40, max_batch_tokens=40, max_batch_size=64,
+                     max_request_tokens=10)
+    live = LiveFairness(CollectorRegistry(), cfg, window_s=100)
+    live.batch_done(ENDPOINT, 0.010, requests=2, tokens=4)
+    assert live.batch_s[ENDPOINT] == pytest.approx(0.100)
+    live.batch_done(ENDPOINT, 0.080, requests=8, tokens=40, alpha=1.0)
+    assert live.batch_s[ENDPOINT] == pytest.approx(0.080)
+    live.batch_done(ENDPOINT, 0.050, requests=64, tokens=20, alpha=1.0)  # full by count
+    assert live.batch_s[ENDPOINT] == pytest.approx(0.050)
+    live.batch_done(ENDPOINT, 0.030, alpha=1.0)  # an older worker's report: no size
+    assert live.batch_s[ENDPOINT] == pytest.approx(0.030)
