@@ -75,6 +75,8 @@ from worker.request_options import (
 __all__ = ["BatchExecutor", "MicrobatchStats", "Served"]
 
 RunInThread = Callable[..., Awaitable[Any]]
+#: Told, as a model call starts, its expected seconds (None: not known).
+OnStart = Callable[[float | None], None]
 
 
 @dataclass
@@ -128,7 +130,7 @@ class _Once:
         if fn is not None:
             fn(self._arg, expect_s)
 
-    def at(self, after_s: float) -> Callable[[float | None], None]:
+    def at(self, after_s: float) -> OnStart:
         """This, called from a call ``after_s`` seconds before the batch's last ends:
         the time told is the call's own plus those."""
         return lambda expect_s=None: self(None if expect_s is None else expect_s + after_s)
@@ -241,7 +243,7 @@ class BatchExecutor:
         return (await self._timed_call(fn, *args, **kwargs))[0]
 
     async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
-                          on_start: Callable[[float | None], None] | None = None, expect_s: float | None = None,
+                          on_start: OnStart | None = None, expect_s: float | None = None,
                           on_begin: Callable[[Job | None], None] | None = None,
                           follows: Job | None = None, **kwargs) -> tuple[Any, float]:
         """A model call and the seconds it had the model (its time in the queue excluded).
@@ -338,7 +340,7 @@ class BatchExecutor:
         due, _ = release_step(expects, batch.round_trip_ms)
         release = _Once(self._on_release, batch)
 
-        def last_step(n: int) -> Callable[[float | None], None] | None:
+        def release_at(n: int) -> OnStart | None:
             if n < due:
                 return None
             return release.at(sum(e or 0.0 for e in expects[n + 1:]))
@@ -347,7 +349,7 @@ class BatchExecutor:
             for n in range(len(plan)):
                 if idx := group(n):
                     touched = await self._encode_group(model, texts, lengths, idx, owner,
-                                                       pending, on_start=last_step(n))
+                                                       pending, on_start=release_at(n))
                     if done := self._take_done(pending, touched):
                         yield [self._from_pending(batch, p) for p in done]
             return
@@ -367,7 +369,7 @@ class BatchExecutor:
                     n += 1
                     continue
                 calls.append(asyncio.ensure_future(self._encode_group(
-                    model, texts, lengths, idx, owner, pending, on_start=last_step(n),
+                    model, texts, lengths, idx, owner, pending, on_start=release_at(n),
                     on_begin=functools.partial(ask, n + 1), follows=follows)))
 
         try:
@@ -463,7 +465,7 @@ class BatchExecutor:
         return list(model.token_lengths(texts, prompt=prompt))
 
     async def _encode_group(self, model: Embedder, texts, lengths, idx: list[int], owner,
-                            pending: list[_Pending], on_start: Callable[[float | None], None] | None = None,
+                            pending: list[_Pending], on_start: OnStart | None = None,
                             on_begin: Callable[[Job | None], None] | None = None,
                             follows: Job | None = None) -> list[int]:
         """Encode one micro-batch, a model call per option set; on a model error,
@@ -481,7 +483,7 @@ class BatchExecutor:
 
     async def _encode_call(self, model: Embedder, texts, lengths, idx: list[int],
                            options: EncodeOptions, owner, pending: list[_Pending],
-                           on_start: Callable[[float | None], None] | None = None,
+                           on_start: OnStart | None = None,
                            on_begin: Callable[[Job | None], None] | None = None,
                            follows: Job | None = None) -> None:
         extra = _encode_kwargs(options)
@@ -567,7 +569,7 @@ class BatchExecutor:
     # -- rerank ----------------------------------------------------------------
 
     async def _rerank(self, batch: Batch, req: AdmittedRequest,
-                      on_start: Callable[[float | None], None] | None = None) -> Served:
+                      on_start: OnStart | None = None) -> Served:
         model: Reranker = self.model  # type: ignore[assignment]
         inp: RerankInput = req.input  # type: ignore[assignment]
         side = truncate_side(inp)
