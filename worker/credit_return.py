@@ -27,8 +27,8 @@ less than the lead is left (:func:`release_step`), and the timer runs
 from there with the time left to the batch's end. Returned at the last
 call's start there, the next batch had that one call, 9 ms, to cover a
 round trip of ~8 ms: every slower round trip left the model idle
-(``bench/gpu_feed.py --quick``: 335-444 ms of a 2.7-2.8 s burst in gaps
-between calls, 22-118 ms after; busy 0.81-0.84 -> 0.93-0.97,
+(``bench/gpu_feed.py --quick``: 386-444 ms of a 2.7-2.8 s burst in gaps
+between calls, 31-118 ms after; busy 0.81-0.84 -> 0.93-0.97,
 ``docs/benchmarks.md``). The price is the lead's worth of work more at the
 worker when the next batch arrives: a quiet request chosen into it waits
 there for the rest of the running batch (the quiet org's worker-queue p99
