@@ -29,7 +29,9 @@ quiet org's p99 against its unloaded p99 and the bound
 ``round_trip_ms``, ``bound_ms``; with 1 worker also where the model was
 not running the burst (``idle_ramp_ms``: before its first call,
 ``idle_gaps_ms``: between its calls; ``bench/burst.py``'s
-``model_idle_ms``).
+``model_idle_ms``); and ``over_bound``: how many of the quiet org's
+requests took longer than the bound, and each stage's time beyond its p50
+with no burst, summed over them (``traffic.stages.excess_by_stage``).
 
 Run: ``python bench/gpu_feed.py`` (workers 1 and 2), ``--quick`` (1 worker,
 a smaller burst).
@@ -64,7 +66,14 @@ from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
 from traffic.replay_sources import ReplayItem
 from traffic.report import percentile
-from traffic.stages import stage_line, stage_times
+from traffic.stages import (
+    excess_by_stage,
+    excess_line,
+    percentile_ms,
+    request_stages,
+    stage_line,
+    stage_times,
+)
 from traffic.textsynth import TextSynth
 
 __all__ = ["main"]
@@ -171,6 +180,15 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
                      if g is not None and it.request.org == QUIET_ORG]
     stages = stage_times(quiet_results)
     print(stage_line(stages, label=f"{workers} worker(s), {QUIET_ORG} under the burst"))
+    # The quiet requests that took longer than the bound, and where that time went.
+    usual = {k: p for k, v in stage_times(g for g in unloaded.results if g is not None).items()
+             if (p := percentile_ms(v, 50)) is not None}
+    late = [request_stages(g[0], g[1] * 1000)
+            for o, g in zip(loaded.outcomes, loaded.results, strict=True)
+            if g is not None and o.org == QUIET_ORG and o.status == "ok"
+            and o.completed_s is not None and (o.completed_s - o.arrival_s) * 1000 > bound]
+    excess = excess_by_stage(late, usual)
+    print(excess_line(excess, len(late), label=f"{workers} worker(s), {QUIET_ORG} over the bound"))
     ramp_ms, gaps_ms = burst.idle_ms if workers == 1 and burst.idle_ms else (None, None)
     if ramp_ms is not None:
         print(f"1 worker: the model not running the burst in its span of {span * 1000:,.0f} ms: "
@@ -181,7 +199,8 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
             "capacity_rps": capacity, "quiet_p99_ms": quiet, "quiet_unloaded_p99_ms":
             quiet_unloaded, "batch_ms": batch_ms, "round_trip_ms": round_trip_ms,
             "bound_ms": bound, "burst": args.burst, "not_ok": missing, "span_s": span,
-            "idle_ramp_ms": ramp_ms, "idle_gaps_ms": gaps_ms}
+            "idle_ramp_ms": ramp_ms, "idle_gaps_ms": gaps_ms,
+            "over_bound": {"requests": len(late), "excess_ms": excess}}
 
 
 async def amain(args) -> dict:

@@ -23,7 +23,10 @@ those orgs (``shares``).
 
 Prints per layout and org: p99 without / with the burst / with the larger
 burst, the margin to the bound, and the quiet orgs' stage split (p99) under
-each burst. ``--json OUT`` writes the figures. Exit 1 if any org is over.
+each burst; then, for the quiet requests that took longer than their org's
+bound, where that time went: each stage's time beyond its p50 without the
+burst, summed over them (``over_bound`` in the JSON). ``--json OUT`` writes
+the figures. Exit 1 if any org is over.
 
 Run: ``python bench/isolation.py`` (two layouts, bursts of 5,000 and 20,000;
 a few minutes on 2 cores); ``--quick`` (one layout, 2,000 and 8,000).
@@ -59,7 +62,14 @@ from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
 from traffic.replay_outcomes import fit_batch_time
 from traffic.replay_sources import ReplayItem
-from traffic.stages import percentile_ms, stage_line, stage_times
+from traffic.stages import (
+    excess_by_stage,
+    excess_line,
+    percentile_ms,
+    request_stages,
+    stage_line,
+    stage_times,
+)
 from traffic.textsynth import TextSynth
 
 __all__ = ["main"]
@@ -118,6 +128,17 @@ def p99_by_org(run) -> dict[str, float | None]:
     return {org: percentile_ms(v, 99) for org, v in lat.items()}
 
 
+def over_bound(run, bounds: dict[str, float | None]) -> list[dict[str, float]]:
+    """The stage split of each quiet request whose latency was over its org's bound."""
+    late = []
+    for o, got in zip(run.outcomes, run.results, strict=True):
+        bound = bounds.get(o.org)
+        if (got is not None and bound is not None and o.status == "ok"
+                and o.completed_s is not None and (o.completed_s - o.arrival_s) * 1000 > bound):
+            late.append(request_stages(got[0], got[1] * 1000))
+    return late
+
+
 async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     quiet = layout(seed)
     home = partition_for_key(BURST_ORG.encode(), INGRESS_PARTITIONS)
@@ -172,12 +193,22 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                      == home, "p99_none_ms": base, "p99_burst_ms": p99["burst"].get(org),
                      "p99_larger_ms": p99["larger"].get(org), "bound_ms": bound,
                      "within": bound is not None and worst <= bound})
+    late = {label: over_bound(runs[label][0], {r["org"]: r["bound_ms"] for r in rows})
+            for label in ("burst", "larger")}
+    usual = {name: percentile_ms(v, 50) for name, v in
+             stage_times(g for g in runs["none"][0].results if g is not None).items() if v}
+    usual = {name: ms for name, ms in usual.items() if ms is not None}
+    excess = {label: excess_by_stage(v, usual) for label, v in late.items()}
     not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
     not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")
                for label, statuses in burst_runs.items()}
     return {"seed": seed, "full_batch_ms": full_ms, "fit": fit, "orgs": rows, "not_ok": not_ok,
             "stages": {f"{label}, {k}": stage_line(st[k], label=f"{label}, {k}")
-                       for label, (_, st) in runs.items() for k in ("sharing", "others")}}
+                       for label, (_, st) in runs.items() for k in ("sharing", "others")},
+            "over_bound": {label: {"requests": len(late[label]), "excess_ms": excess[label],
+                                   "line": excess_line(excess[label], len(late[label]),
+                                                       label=f"over the bound, {label}")}
+                           for label in late}}
 
 
 async def amain(args) -> list[dict]:
@@ -208,6 +239,8 @@ async def amain(args) -> list[dict]:
                   f"{ms(margin):>9}  {'ok' if r['within'] else 'OVER'}")
         for line in lay["stages"].values():
             print(" ", line)
+        for over in lay["over_bound"].values():
+            print(" ", over["line"])
     bad = [(lay["seed"], r["org"]) for lay in out for r in lay["orgs"] if not r["within"]]
     print("\nbound: p99 without the burst + 3 full batches; "
           + ("every quiet org within it" if not bad else f"OVER for {bad}"))

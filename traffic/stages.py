@@ -38,7 +38,8 @@ from collections.abc import Iterable, Sequence
 
 from schemas.messages import Result
 
-__all__ = ["STAGES", "percentile_ms", "span_times", "stage_line", "stage_times"]
+__all__ = ["HOPS", "STAGES", "excess_by_stage", "excess_line", "percentile_ms", "request_stages",
+           "span_times", "stage_line", "stage_times"]
 
 #: (stage, stamp it starts at, stamp it ends at); "received" is the client's time.
 STAGES: tuple[tuple[str, str, str], ...] = (
@@ -53,18 +54,65 @@ STAGES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+#: The stages that are a Kafka append and a consumer's fetch; the others are
+#: waits and work inside a service.
+HOPS = frozenset({"to admission", "tier topic", "batch topic", "delivery"})
+
+
+def request_stages(result: Result, received_ms: float) -> dict[str, float]:
+    """One result's milliseconds per stage; a stage missing either stamp is left out."""
+    out = {}
+    for name, start, end in STAGES:
+        a = getattr(result, start)
+        b = received_ms if end == "received" else getattr(result, end)
+        if a is not None and b is not None:
+            out[name] = max(0.0, float(b) - float(a))
+    return out
+
+
 def stage_times(results: Iterable[tuple[Result, float]]) -> dict[str, list[float]]:
     """Milliseconds of each stage, per ``(result, received epoch ms)`` of ``ok`` results."""
     out: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
     for result, received_ms in results:
-        if result.status != "ok":
-            continue
-        for name, start, end in STAGES:
-            a = getattr(result, start)
-            b = received_ms if end == "received" else getattr(result, end)
-            if a is not None and b is not None:
-                out[name].append(max(0.0, float(b) - float(a)))
+        if result.status == "ok":
+            for name, ms in request_stages(result, received_ms).items():
+                out[name].append(ms)
     return out
+
+
+def excess_by_stage(late: Iterable[dict[str, float]],
+                    typical: dict[str, float]) -> dict[str, float]:
+    """Where late requests' time went: per stage, the milliseconds beyond ``typical``, summed.
+
+    ``late``: per request, its :func:`request_stages`; ``typical``: each
+    stage's usual time (e.g. its p50 with no load). A stage at or below its
+    usual time adds nothing; a stage with no usual time counts whole. So
+    the stage with the largest sum is where the requests over a bound lost
+    the most, whatever they spent in the stages that behaved.
+    """
+    out = {name: 0.0 for name, _, _ in STAGES}
+    for stages in late:
+        for name, ms in stages.items():
+            out[name] += max(0.0, ms - typical.get(name, 0.0))
+    return out
+
+
+def excess_line(excess: dict[str, float], n: int, *, label: str) -> str:
+    """``label: 7 requests over it; ...: tier topic 412 ms (38 %), ...; a request: hops 60 ms, ...``.
+
+    The last part is the mean per request, split between the Kafka hops
+    (:data:`HOPS`) and the waits and work inside the services.
+    """
+    total = sum(excess.values())
+    if not n or total <= 0:
+        return f"{label}: {n} requests over it"
+    parts = [f"{name} {ms:,.0f} ms ({100 * ms / total:.0f} %)"
+             for name, ms in excess.items() if ms > 0]
+    hops = sum(ms for name, ms in excess.items() if name in HOPS)
+    return (f"{label}: {n} requests over it; their time beyond the unloaded p50: "
+            + ", ".join(parts)
+            + f"; a request: Kafka hops {hops / n:,.0f} ms, in the services "
+              f"{(total - hops) / n:,.0f} ms")
 
 
 def span_times(results: Iterable[tuple[Result, float]], start: str, end: str) -> list[float]:
