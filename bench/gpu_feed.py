@@ -181,7 +181,8 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
     stages = stage_times(quiet_results)
     print(stage_line(stages, label=f"{workers} worker(s), {QUIET_ORG} under the burst"))
     # The quiet requests that took longer than the bound, and where that time went.
-    usual = {k: p for k, v in stage_times(g for g in unloaded.results if g is not None).items()
+    usual = {k: p for k, v in stage_times((g[0], g[1] * 1000) for g in unloaded.results
+                                          if g is not None).items()
              if (p := percentile_ms(v, 50)) is not None}
     late = [request_stages(g[0], g[1] * 1000)
             for o, g in zip(loaded.outcomes, loaded.results, strict=True)

@@ -195,9 +195,9 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                      "within": bound is not None and worst <= bound})
     late = {label: over_bound(runs[label][0], {r["org"]: r["bound_ms"] for r in rows})
             for label in ("burst", "larger")}
-    usual = {name: percentile_ms(v, 50) for name, v in
-             stage_times(g for g in runs["none"][0].results if g is not None).items() if v}
-    usual = {name: ms for name, ms in usual.items() if ms is not None}
+    usual = {name: p for name, v in stage_times((g[0], g[1] * 1000) for g in runs["none"][0].results
+                                                if g is not None).items()
+             if (p := percentile_ms(v, 50)) is not None}
     excess = {label: excess_by_stage(v, usual) for label, v in late.items()}
     not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
     not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")
