@@ -49,7 +49,16 @@ from plumbing.heap import settle
 from plumbing.kafka import KafkaSettings
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Result
-from traffic.stages import STAGES, percentile_ms, span_times, stage_line, stage_times
+from traffic.stages import (
+    STAGES,
+    excess_by_stage,
+    excess_line,
+    percentile_ms,
+    request_stages,
+    span_times,
+    stage_line,
+    stage_times,
+)
 
 __all__ = ["add_arguments", "run"]
 
@@ -451,6 +460,18 @@ def _ingress_line(phase: Phase) -> str:
     return stage_line(_ingress_split(phase), label="  to admission, split")
 
 
+def _late_line(phase: Phase, unloaded: Phase, bound_ms: float) -> str:
+    """Where the quiet requests over ``bound_ms`` lost their time: each stage
+    beyond its p50 in the unloaded phase (:func:`traffic.stages.excess_by_stage`)."""
+    usual = {k: p for k, v in _stage_times(unloaded).items()
+             if (p := percentile_ms(v, 50)) is not None}
+    late = [request_stages(s.result, s.done_ms) for s in phase.sent.values()
+            if s.org in QUIET_ORGS and s.result is not None and s.result.status == "ok"
+            and s.done_s is not None and s.done_ms is not None
+            and (s.done_s - s.sent_s) * 1000 > bound_ms]
+    return excess_line(excess_by_stage(late, usual), len(late), label="quiet over the bound")
+
+
 def _stage_table(phases: list[Phase]) -> str:
     """The quiet orgs' p99 per stage, one column per phase (unloaded first)."""
     times = [_stage_times(p) for p in phases]
@@ -687,6 +708,8 @@ def _summary(phases: list[Phase], full_ms: float, args, out,
         print(check(f"{p.name}: quiet p99 within the bound", margin is not None and margin >= 0,
                     f"{p.name:<38} quiet p99 {_fmt(p99):>8} ms, margin {_fmt(margin):>7} ms"),
               file=out)
+        if margin is not None and margin < 0:
+            print(f"{'':<38} {_late_line(p, phases[0], p_bound)}", file=out)
         adm = percentile_ms(span_times(_quiet_results(p), "created_ms", "admitted_ms"), 99)
         print(check(f"{p.name}: admission stage p99 <= {ADMISSION_STAGE_P99_MS:.0f} ms",
                     adm is not None and adm <= ADMISSION_STAGE_P99_MS,

@@ -170,3 +170,21 @@ def test_the_full_batches_are_those_served_while_the_quiet_requests_were_out():
     last = out.getvalue().splitlines()[-1]
     assert "burst 20000, drr: quiet p99 within the bound" in last
     assert "burst 20000, drr: scheduler-queue stage p99" in last
+
+
+def test_a_phase_over_the_bound_says_where_its_late_requests_lost_their_time():
+    """Every quiet request of the 5x burst 636 ms in inference (0 unloaded) and 50
+    in the scheduler queue (as unloaded): the line puts the excess in inference."""
+    code, text = _run(_phases(x5={"latency_ms": 700.0}))
+    assert code == 1
+    late = [line for line in text.splitlines() if "quiet over the bound" in line]
+    assert len(late) == 1, text
+    assert "40 requests over it" in late[0]
+    assert "inference 25,440 ms (100 %)" in late[0]
+    assert "scheduler queue" not in late[0]
+
+
+def test_no_late_line_while_every_phase_is_within_the_bound():
+    code, text = _run(_phases())
+    assert code == 0
+    assert "quiet over the bound" not in text
