@@ -58,6 +58,7 @@ from traffic.stages import (
     span_times,
     stage_line,
     stage_times,
+    usual_stage_ms,
 )
 
 __all__ = ["add_arguments", "run"]
@@ -463,8 +464,7 @@ def _ingress_line(phase: Phase) -> str:
 def _late_line(phase: Phase, unloaded: Phase, bound_ms: float) -> str:
     """Where the quiet requests over ``bound_ms`` lost their time: each stage
     beyond its p50 in the unloaded phase (:func:`traffic.stages.excess_by_stage`)."""
-    usual = {k: p for k, v in _stage_times(unloaded).items()
-             if (p := percentile_ms(v, 50)) is not None}
+    usual = usual_stage_ms(_quiet_results(unloaded))
     late = [request_stages(s.result, s.done_ms) for s in phase.sent.values()
             if s.org in QUIET_ORGS and s.result is not None and s.result.status == "ok"
             and s.done_s is not None and s.done_ms is not None

@@ -64,16 +64,10 @@ from schemas.build import Built, build_config
 from schemas.messages import Request
 from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
+from traffic.replay_outcomes import late_stages
 from traffic.replay_sources import ReplayItem
 from traffic.report import percentile
-from traffic.stages import (
-    excess_by_stage,
-    excess_line,
-    percentile_ms,
-    request_stages,
-    stage_line,
-    stage_times,
-)
+from traffic.stages import excess_by_stage, excess_line, stage_line, stage_times, usual_stage_ms
 from traffic.textsynth import TextSynth
 
 __all__ = ["main"]
@@ -181,13 +175,8 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
     stages = stage_times(quiet_results)
     print(stage_line(stages, label=f"{workers} worker(s), {QUIET_ORG} under the burst"))
     # The quiet requests that took longer than the bound, and where that time went.
-    usual = {k: p for k, v in stage_times((g[0], g[1] * 1000) for g in unloaded.results
-                                          if g is not None).items()
-             if (p := percentile_ms(v, 50)) is not None}
-    late = [request_stages(g[0], g[1] * 1000)
-            for o, g in zip(loaded.outcomes, loaded.results, strict=True)
-            if g is not None and o.org == QUIET_ORG and o.status == "ok"
-            and o.completed_s is not None and (o.completed_s - o.arrival_s) * 1000 > bound]
+    usual = usual_stage_ms((g[0], g[1] * 1000) for g in unloaded.results if g is not None)
+    late = late_stages(loaded.outcomes, loaded.results, {QUIET_ORG: bound})
     excess = excess_by_stage(late, usual)
     print(excess_line(excess, len(late), label=f"{workers} worker(s), {QUIET_ORG} over the bound"))
     ramp_ms, gaps_ms = burst.idle_ms if workers == 1 and burst.idle_ms else (None, None)

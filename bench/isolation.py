@@ -60,15 +60,15 @@ from schemas.build import Built, build_config
 from schemas.messages import Request
 from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
-from traffic.replay_outcomes import fit_batch_time
+from traffic.replay_outcomes import fit_batch_time, late_stages
 from traffic.replay_sources import ReplayItem
 from traffic.stages import (
     excess_by_stage,
     excess_line,
     percentile_ms,
-    request_stages,
     stage_line,
     stage_times,
+    usual_stage_ms,
 )
 from traffic.textsynth import TextSynth
 
@@ -128,17 +128,6 @@ def p99_by_org(run) -> dict[str, float | None]:
     return {org: percentile_ms(v, 99) for org, v in lat.items()}
 
 
-def over_bound(run, bounds: dict[str, float | None]) -> list[dict[str, float]]:
-    """The stage split of each quiet request whose latency was over its org's bound."""
-    late = []
-    for o, got in zip(run.outcomes, run.results, strict=True):
-        bound = bounds.get(o.org)
-        if (got is not None and bound is not None and o.status == "ok"
-                and o.completed_s is not None and (o.completed_s - o.arrival_s) * 1000 > bound):
-            late.append(request_stages(got[0], got[1] * 1000))
-    return late
-
-
 async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     quiet = layout(seed)
     home = partition_for_key(BURST_ORG.encode(), INGRESS_PARTITIONS)
@@ -193,11 +182,10 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                      == home, "p99_none_ms": base, "p99_burst_ms": p99["burst"].get(org),
                      "p99_larger_ms": p99["larger"].get(org), "bound_ms": bound,
                      "within": bound is not None and worst <= bound})
-    late = {label: over_bound(runs[label][0], {r["org"]: r["bound_ms"] for r in rows})
+    bounds = {r["org"]: r["bound_ms"] for r in rows}
+    late = {label: late_stages(runs[label][0].outcomes, runs[label][0].results, bounds)
             for label in ("burst", "larger")}
-    usual = {name: p for name, v in stage_times((g[0], g[1] * 1000) for g in runs["none"][0].results
-                                                if g is not None).items()
-             if (p := percentile_ms(v, 50)) is not None}
+    usual = usual_stage_ms((g[0], g[1] * 1000) for g in runs["none"][0].results if g is not None)
     excess = {label: excess_by_stage(v, usual) for label, v in late.items()}
     not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
     not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")

@@ -6,7 +6,7 @@ are tested without a broker.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from schemas.config import Config
@@ -18,8 +18,10 @@ from traffic.report import (
     Outcome,
     percentile,
 )
+from traffic.stages import request_stages
 
-__all__ = ["fit_batch_time", "live_jain", "outcomes_of", "peak_per_s", "stage_table"]
+__all__ = ["fit_batch_time", "late_stages", "live_jain", "outcomes_of", "peak_per_s",
+           "stage_table"]
 
 _STAGES = (("admission", "admitted_s", "arrival_s"), ("scheduler", "dispatched_s", "admitted_s"),
            ("batch", "completed_s", "dispatched_s"))
@@ -57,6 +59,24 @@ def stage_table(runs: dict[str, Sequence[Outcome]], *, max_orgs: int = 12) -> st
                 cells.append("-" if v is None else f"{v * 1000:,.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def late_stages(outcomes: Sequence[Outcome], results: Sequence[tuple[Result, float] | None],
+                bounds_ms: Mapping[str, float | None]) -> list[dict[str, float]]:
+    """The stage split (:func:`traffic.stages.request_stages`) of each ok request that
+    took longer than its org's bound, sent to done.
+
+    ``outcomes`` and ``results`` are a replay's, item by item (a result with
+    the epoch second it was received, or None); an org without a bound in
+    ``bounds_ms`` has no late request.
+    """
+    late = []
+    for o, got in zip(outcomes, results, strict=True):
+        bound = bounds_ms.get(o.org)
+        if (got is not None and bound is not None and o.status == "ok"
+                and o.completed_s is not None and (o.completed_s - o.arrival_s) * 1000 > bound):
+            late.append(request_stages(got[0], got[1] * 1000))
+    return late
 
 
 def fit_batch_time(results: Iterable[Result]) -> dict[str, float] | None:

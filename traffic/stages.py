@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from schemas.messages import Result
 
 __all__ = ["HOPS", "STAGES", "excess_by_stage", "excess_line", "percentile_ms", "request_stages",
-           "span_times", "stage_line", "stage_times"]
+           "span_times", "stage_line", "stage_times", "usual_stage_ms"]
 
 #: (stage, stamp it starts at, stamp it ends at); "received" is the client's time.
 STAGES: tuple[tuple[str, str, str], ...] = (
@@ -78,6 +78,13 @@ def stage_times(results: Iterable[tuple[Result, float]]) -> dict[str, list[float
             for name, ms in request_stages(result, received_ms).items():
                 out[name].append(ms)
     return out
+
+
+def usual_stage_ms(results: Iterable[tuple[Result, float]]) -> dict[str, float]:
+    """Each stage's p50 over ``(result, received epoch ms)`` of ``ok`` results: the usual
+    times :func:`excess_by_stage` measures against (a stage with no sample left out)."""
+    return {name: p for name, v in stage_times(results).items()
+            if (p := percentile_ms(v, 50)) is not None}
 
 
 def excess_by_stage(late: Iterable[dict[str, float]],

@@ -8,7 +8,7 @@ import pytest
 
 from schemas.config import load_config
 from schemas.messages import EmbedInput, Request, Result
-from traffic.replay_outcomes import live_jain, outcomes_of, peak_per_s
+from traffic.replay_outcomes import late_stages, live_jain, outcomes_of, peak_per_s
 from traffic.replay_sources import ReplayItem
 from traffic.report import Outcome
 
@@ -113,3 +113,20 @@ def test_batch_time_fitted_from_results():
     assert fit["overhead_ms"] == pytest.approx(5.0)
     assert fit["ms_per_token"] == pytest.approx(0.1)
     assert fit_batch_time(results[:2]) is None
+
+
+def test_late_stages_are_the_ok_requests_over_their_orgs_bound():
+    """Sent to done over the org's bound: its stage split; within it, failed, unanswered
+    or of an org with no bound: nothing."""
+    def out(i: int, org: str, took_s: float, status: str = "ok") -> Outcome:
+        return Outcome(id=f"r{i}", org=org, status=status, arrival_s=10.0,
+                       completed_s=10.0 + took_s)
+
+    def got(i: int) -> tuple[Result, float]:
+        return (Result(id=f"r{i}", status="ok", created_ms=1_000, fetched_ms=1_000 + i), 1.2)
+
+    outcomes = [out(0, "a", 0.050), out(1, "a", 0.300), out(2, "a", 0.300, "rejected"),
+                out(3, "b", 0.300), out(4, "a", 0.300)]
+    results = [got(0), got(1), got(2), got(3), None]
+    late = late_stages(outcomes, results, {"a": 200.0, "b": None})
+    assert late == [{"to admission": 1.0}]  # r1 only: fetched 1 ms after it was sent

@@ -1,7 +1,15 @@
 """A request's time split by stage, and where late requests lost theirs."""
 
 from schemas.messages import Result
-from traffic.stages import HOPS, STAGES, excess_by_stage, excess_line, request_stages, stage_times
+from traffic.stages import (
+    HOPS,
+    STAGES,
+    excess_by_stage,
+    excess_line,
+    request_stages,
+    stage_times,
+    usual_stage_ms,
+)
 
 
 def _result(status: str = "ok", **stamps) -> Result:
@@ -56,3 +64,12 @@ def test_excess_line_gives_each_stage_its_share():
 def test_the_hops_are_stages():
     assert HOPS <= {name for name, _, _ in STAGES}
     assert "scheduler queue" not in HOPS and "inference" not in HOPS
+
+
+def test_usual_stage_ms_is_each_stages_p50_over_ok_results():
+    slow = STAMPED | {"completed_ms": 1_370}  # inference 250 ms
+    results = [(_result(**STAMPED), 1_176.0), (_result(**STAMPED), 1_176.0),
+               (_result(**slow), 1_376.0), (_result("rejected", **slow), 9_999.0)]
+    usual = usual_stage_ms(results)
+    assert usual["inference"] == 50.0 and usual["delivery"] == 6.0
+    assert usual_stage_ms([]) == {}
