@@ -55,6 +55,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import write_json
 from traffic.textsynth import COMMON_WORDS
 from worker.microbatch import padded_tokens, plan_microbatches
 
@@ -227,8 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio_given": ratio_given,
         "token_counter": counter,
     }
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
+    write_json(args.json, figures)
     return figures
 
 

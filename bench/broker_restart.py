@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.processes import ProcessStack
 from bench.crash import config as crash_config
+from bench.figures import write_json
 from bench.loadgen import Load
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
@@ -196,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = asyncio.run(run(rate=args.rate, before_s=args.before_s, after_s=args.after_s,
                               log_path=args.log_file))
     print(report(figures))
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+    write_json(args.json, figures)
     return 0 if passed(figures) else 1
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from typing import IO
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.processes import ProcessStack
+from bench.figures import write_json
 from bench.loadgen import Load, reply_copies
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
@@ -238,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = asyncio.run(run(rate=args.rate, phase_s=args.phase_s,
                                   session_ms=args.session_ms, log=log))
     print(report(figures))
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+    write_json(args.json, figures)
     return 0 if figures["lost"] == 0 else 1
 
 

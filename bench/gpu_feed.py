@@ -40,8 +40,6 @@ a smaller burst).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -57,8 +55,8 @@ import msgspec
 
 from app.processes import ProcessStack
 from bench.burst import start_burst
+from bench.figures import run_quietly
 from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
-from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
 from schemas.build import Built, build_config
 from schemas.messages import Request
@@ -238,11 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     args.workers = args.workers or ([1] if args.quick else [1, 2])
     args.burst = args.burst or (8_000 if args.quick else 20_000)
-    configure_logging("WARNING")
-    figures = asyncio.run(amain(args))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
-    return figures
+    return run_quietly(amain, args)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -54,9 +53,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.processes import ProcessStack
+from bench.figures import run_quietly
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings, settings_from_env
-from plumbing.logs import configure_logging
 from producer.client import FairnessClient
 from schemas.build import build_config
 
@@ -152,11 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=10.0, help="idle seconds sampled")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    configure_logging("WARNING")
-    figures = asyncio.run(amain(args))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
-    return figures
+    return run_quietly(amain, args)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,6 @@ Run: ``python bench/latency.py`` (2 rounds of 1,000 requests, ~90 s) or
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import random
 import sys
@@ -52,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgspec
 
 from app.stack import Stack
+from bench.figures import run_quietly
 from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
-from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
 from schemas.build import build_config
 from schemas.config import Config
@@ -75,7 +73,13 @@ def bench_config(prefix: str) -> Config:
 
 
 class Probe:
-    """Timestamps per request id from the scheduler core and the worker's model."""
+    """Timestamps per request id from the scheduler core and the worker's model.
+
+    Each wrapper passes on every argument it is given: a keyword added to
+    what it wraps must not break it (two did, ``next_batch``'s
+    ``in_run_order`` and ``encode``'s ``options``, and the bench died with
+    every request missing).
+    """
 
     def __init__(self, stack: Stack):
         self.avail: dict[str, float] = {}
@@ -85,12 +89,12 @@ class Probe:
         core = stack.scheduler.core
         push, next_batch = core.push, core.next_batch
 
-        def probed_push(endpoint, entry):
+        def probed_push(endpoint, entry, **kw):
             self.avail.setdefault(entry.id, entry.arrival)
-            return push(endpoint, entry)
+            return push(endpoint, entry, **kw)
 
-        def probed_next_batch(endpoint, now):
-            d = next_batch(endpoint, now)
+        def probed_next_batch(endpoint, now, **kw):
+            d = next_batch(endpoint, now, **kw)
             for e in d.batch:
                 self.dispatch[e.id] = now
             return d
@@ -99,10 +103,10 @@ class Probe:
         model = stack.workers[0].model
         encode = model.encode
 
-        def probed_encode(texts, *, lengths=None):
+        def probed_encode(texts, **kw):
             start = time.time()
             try:
-                return encode(texts, lengths=lengths)
+                return encode(texts, **kw)
             finally:
                 end = time.time()
                 for t in texts:  # each text starts with its request id
@@ -157,8 +161,9 @@ async def amain(args: argparse.Namespace) -> dict:
                     run = await replay(kafka, config, items, ReplaySettings(
                         run_id=run_id, timeout_s=60, progress=False, samples=False))
                     bad = [o for o in run.outcomes if o.status != "ok"]
-                    if bad:
-                        raise RuntimeError(f"{len(bad)} requests not ok, e.g. {bad[0]}")
+                    if bad:  # a probe out of step with what it wraps kills a service
+                        raise RuntimeError(f"{len(bad)} requests not ok, e.g. {bad[0]}; "
+                                           f"a service's loop died of: {stack.failed()!r}")
                     added_round = []
                     for wire, o in zip(run.wire_ids, run.outcomes, strict=True):
                         avail, disp = probe.avail[wire], probe.dispatch[wire]
@@ -217,11 +222,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     add_kafka_arguments(parser)
     args = parser.parse_args(argv)
-    configure_logging("WARNING")  # the services log every batch at INFO
-    figures = asyncio.run(amain(args))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
-    return figures
+    return run_quietly(amain, args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import write_json
 from plumbing.kafka import KafkaSettings
 from scheduler.service import SchedulerService
 from schemas.build import build_config
@@ -250,8 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"({m['rss_per_request']:.0f} B/request, payload included); intake "
               f"{m['intake_s']:.1f} s ({m['intake_per_s']:,.0f} requests/s, decode + hold)")
         figures["million"] = m
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
+    write_json(args.json, figures)
     return figures
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -46,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiokafka.structs import TopicPartition
 
 from app.processes import ProcessStack
+from bench.figures import write_json
 from bench.loadgen import Load, percentile, rss_mib
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings, make_consumer
@@ -248,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                                   ms_per_token=args.ms_per_token, max_held=args.max_held,
                                   target_ms=args.target_ms, log=log))
     print(report(figures))
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2, default=str))
+    write_json(args.json, figures)
     return 0 if figures["unanswered"] == 0 else 1
 
 

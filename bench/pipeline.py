@@ -28,10 +28,8 @@ Run: ``python bench/pipeline.py`` (N = 10,000, 3 rounds) or ``--quick``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import io
-import json
 import os
 import pstats
 import sys
@@ -49,13 +47,13 @@ from hops import produce_and_read
 
 from app.processes import ProcessStack
 from app.stack import Stack
+from bench.figures import run_quietly
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
     kafka_endpoint,
     settings_from_args,
 )
-from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics, ensure_topics
 from schemas.build import Built, build_config
 from schemas.codec import codec_for
@@ -264,11 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     add_kafka_arguments(parser)
     args = parser.parse_args(argv)
-    configure_logging("WARNING")  # the services log every batch at INFO
-    figures = asyncio.run(amain(args))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
-    return figures
+    return run_quietly(amain, args)
 
 
 if __name__ == "__main__":

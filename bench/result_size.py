@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -48,8 +47,8 @@ import msgspec
 import numpy as np
 
 from app.stack import Stack
+from bench.figures import run_quietly
 from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
-from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
 from producer.client import FairnessClient
 from schemas.build import build_config
@@ -197,11 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     add_kafka_arguments(parser)
     args = parser.parse_args(argv)
-    configure_logging("WARNING")  # the services log every batch at INFO
-    figures = asyncio.run(amain(args))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
-    return figures
+    return run_quietly(amain, args)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -45,6 +44,7 @@ import batching  # bench/batching.py: texts of exact lengths, the micro-batching
 import msgspec
 
 from app.stack import Stack
+from bench.figures import write_json
 from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
@@ -231,8 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.skip_batching:
         print("\n## token-budget sorted vs fixed-size unsorted batches (bench/batching.py)\n")
         figures["batching"] = batching.main(["--quick"] if args.quick else [])
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2, default=str))
+    write_json(args.json, figures)
     return figures
 
 
