@@ -1,0 +1,106 @@
+"""Each bench that checks a target still runs, as a user runs it, and writes its keys.
+
+The speed and memory targets are checked by the benches in ``bench/``, and
+nothing else runs them: ``bench/latency.py`` wrapped two methods whose
+signatures later grew a keyword, and it died with every request missing for
+days before anyone ran it. Each bench here runs at its smallest size (the
+figures mean nothing at that size; only that it ran), as a user runs it:
+a process of its own on a broker of its own (the embedded one, with the
+short group timeouts the benches set for it); what is checked is its exit status and the
+``--json`` keys an issue or the docs name, each a number where it must be one.
+No figure is compared with a target: these machines are shared.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Longest a bench may take at these sizes (each takes 5-35 s on 2 cores).
+LIMIT_S = 240
+
+#: script, its smallest arguments, and the keys its JSON must hold (a dotted
+#: key reaches into a mapping; ``[0]`` into a list's first item).
+BENCHES = [
+    ("latency", ["--requests", "30", "--repeat", "1"],
+     ["added.p50", "e2e.p99", "own.p50", "per_round_added_p50"]),
+    ("pipeline", ["--requests", "300", "--repeat", "1"],
+     ["ratio", "ratio_processes", "admission_ratio", "scheduler_ratio", "worker_ratio"]),
+    ("gpu_feed", ["--quick", "--burst", "1000", "--quiet-s", "2"],
+     ["1.busy", "1.quiet_p99_ms", "1.quiet_unloaded_p99_ms", "1.batch_ms", "1.round_trip_ms"]),
+    ("isolation", ["--quick", "--burst", "500", "--factor", "2", "--seconds", "6"],
+     ["[0].full_batch_ms", "[0].orgs", "[0].over_bound", "[0].not_ok"]),
+    ("result_size", ["--requests", "100", "--repeat", "1"], ["variants", "requests"]),
+    ("raw_chain", ["--quick"], ["chain_ratio", "chain_ratio_processes"]),
+    ("memory", ["--quick"], ["overhead_bytes", "breakdown"]),
+]
+#: Keys that must be finite, positive numbers.
+NUMBERS = {"added.p50", "e2e.p99", "own.p50", "ratio", "ratio_processes", "admission_ratio",
+           "scheduler_ratio", "worker_ratio", "1.busy", "1.quiet_p99_ms",
+           "1.quiet_unloaded_p99_ms", "1.batch_ms", "1.round_trip_ms", "[0].full_batch_ms",
+           "chain_ratio", "chain_ratio_processes", "overhead_bytes"}
+
+
+def dig(figures: object, key: str) -> object:
+    """``figures`` at a dotted key (``[0]`` takes a list's first item); KeyError if absent."""
+    at = figures
+    for part in key.split("."):
+        if part == "[0]":
+            if not isinstance(at, list) or not at:
+                raise KeyError(f"{key}: not a non-empty list at {part}")
+            at = at[0]
+        elif isinstance(at, dict) and part in at:
+            at = at[part]
+        else:
+            raise KeyError(f"{key}: no {part!r}")
+    return at
+
+
+def run_bench(script: str, args: list[str], out: Path) -> str:
+    """Run ``bench/<script>.py`` with ``args`` and ``--json out``; its output, or a failure."""
+    command = [sys.executable, str(ROOT / "bench" / f"{script}.py"), *args, "--json", str(out)]
+    try:
+        done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True,
+                              timeout=LIMIT_S)
+    except subprocess.TimeoutExpired as e:
+        # What was captured comes as bytes here, text=True or not.
+        tail = (e.stdout or b"")[-3000:].decode(errors="replace")
+        pytest.fail(f"bench/{script}.py did not end within {LIMIT_S} s; its output ended:\n{tail}")
+    output = done.stdout + done.stderr
+    # isolation.py exits 1 for a quiet org over its bound: a verdict, not a failure. Its
+    # JSON is written first; an exception would leave none.
+    allowed = {0, 1} if script == "isolation" else {0}
+    assert done.returncode in allowed, (f"bench/{script}.py exited {done.returncode}:\n"
+                                        f"{output[-3000:]}")
+    assert out.exists(), f"bench/{script}.py wrote no --json file:\n{output[-3000:]}"
+    return output
+
+
+@pytest.mark.parametrize(("script", "args", "keys"), BENCHES, ids=[b[0] for b in BENCHES])
+def test_the_bench_runs_and_writes_its_keys(script: str, args: list[str], keys: list[str],
+                                            tmp_path: Path):
+    out = tmp_path / f"{script}.json"
+    output = run_bench(script, args, out)
+    figures = json.loads(out.read_text())
+    for key in keys:
+        value = dig(figures, key)
+        if key in NUMBERS:
+            assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+            assert math.isfinite(value) and value > 0, (f"bench/{script}.py: {key} = {value}",
+                                                        output[-2000:])
+
+
+def test_a_missing_key_is_named():
+    """The key check itself: a key that is not there fails, and says which."""
+    figures = {"1": {"busy": 0.9}, "layouts": [{"orgs": []}]}
+    assert dig(figures, "1.busy") == 0.9
+    with pytest.raises(KeyError, match="quiet_p99_ms"):
+        dig(figures, "1.quiet_p99_ms")
+    with pytest.raises(KeyError, match=r"\[0\]"):
+        dig({"x": []}, "x.[0]")
