@@ -39,12 +39,14 @@ BENCHES = [
     ("result_size", ["--requests", "100", "--repeat", "1"], ["variants", "requests"]),
     ("raw_chain", ["--quick"], ["chain_ratio", "chain_ratio_processes"]),
     ("memory", ["--quick"], ["overhead_bytes", "breakdown"]),
+    ("batching", ["--quick", "--texts", "64", "--repeat", "1"], ["ratio_sorted", "ratio_given"]),
 ]
 #: Keys that must be finite, positive numbers.
 NUMBERS = {"added.p50", "e2e.p99", "own.p50", "ratio", "ratio_processes", "admission_ratio",
            "scheduler_ratio", "worker_ratio", "1.busy", "1.quiet_p99_ms",
            "1.quiet_unloaded_p99_ms", "1.batch_ms", "1.round_trip_ms", "[0].full_batch_ms",
-           "chain_ratio", "chain_ratio_processes", "overhead_bytes"}
+           "chain_ratio", "chain_ratio_processes", "overhead_bytes", "ratio_sorted",
+           "ratio_given"}
 
 
 def dig(figures: object, key: str) -> object:
