@@ -37,7 +37,8 @@ Exit status: 0 when both targets are met, 1 when one is not, 2 when the run
 did not check them (``--orgs`` without 10 or without 100,000).
 
 Run: ``python bench/core.py`` (~1.5 min on 2 cores), ``--quick`` (~40 s),
-``--million`` (adds ~30 s).
+``--million`` (adds ~30 s); ``--json OUT`` also writes the figures (``rows``,
+``drr_growth``, ``targets_checked``, ``held_bytes``).
 
 Measured on the 2-core development machine, Python 3.11 (``python bench/core.py
 --million``; the machine is shared, so figures move by 10-20% between runs):
@@ -78,6 +79,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import write_json
 from scheduler import Entry, Scheduler
 from scheduler.entry import DISPATCHED, NO_DEADLINE
 from schemas.build import build_config
@@ -259,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--million", action="store_true", help="also hold 1,000,000 requests")
     ap.add_argument("--orgs", default="10,1000,100000", help="org counts, comma-separated")
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds per row (best kept)")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     counts = [int(x) for x in args.orgs.split(",")]
     seconds = 0.4 if args.quick else 1.5
@@ -290,12 +293,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Targets NOT CHECKED: they are set at 100,000 orgs and over 10 -> 100,000 orgs; "
               f"this run covered {lo:,} -> {hi:,} (--orgs must include both)")
 
+    figures: dict = {
+        "rows": [{"orgs": n, "drr_sel_per_s": d, "naive_sel_per_s": nv} for n, d, nv in rows],
+        "drr_growth": drr_growth, "naive_growth": naive_growth, "targets_checked": checked,
+        "held_bytes": {}}
     n_mem = 20_000 if args.quick else 100_000
     print(f"\nMemory per held request in the core, beyond its payload ({n_mem:,} held, "
           f"1,000 orgs, tracemalloc)")
     for deadlines in (False, True):
         per, push_s = held_bytes(n_mem, 1000, deadlines)
         label = "with a deadline" if deadlines else "no deadline"
+        figures["held_bytes"]["deadline" if deadlines else "no_deadline"] = per
         print(f"  {label:<16} {per:>6,.0f} B/request   push {push_s * 1e6:.2f} us/request")
     sample = Entry("req-000000000001", "org1", TIER, 300, deadline=1e9)
     sample.seq = 10**6
@@ -310,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         per, push_s = held_bytes(1_000_000, 100_000, True)
         print(f"  1,000,000 held over 100,000 orgs, with deadlines: {per:,.0f} B/request, "
               f"{per * 1e6 / 2**20:,.0f} MiB in all, push {push_s * 1e6:.2f} us/request")
+        figures["held_bytes"]["million"] = per
+    write_json(args.json, figures)
     if not checked:
         return 2
     return 0 if ok_rate and ok_growth else 1
