@@ -40,6 +40,8 @@ BENCHES = [
     ("raw_chain", ["--quick"], ["chain_ratio", "chain_ratio_processes"]),
     ("memory", ["--quick"], ["overhead_bytes", "breakdown"]),
     ("batching", ["--quick", "--texts", "64", "--repeat", "1"], ["ratio_sorted", "ratio_given"]),
+    ("worker", ["--texts", "32", "--max-tokens", "64", "--repeat", "1", "--skip-batching"],
+     ["ratio", "shape_ratio", "pipeline_tps"]),
     ("core", ["--quick", "--orgs", "10,1000", "--rounds", "1"],
      ["rows.[0].drr_sel_per_s", "drr_growth", "held_bytes.deadline"]),
 ]
@@ -48,7 +50,8 @@ NUMBERS = {"added.p50", "e2e.p99", "own.p50", "ratio", "ratio_processes", "admis
            "scheduler_ratio", "worker_ratio", "1.busy", "1.quiet_p99_ms",
            "1.quiet_unloaded_p99_ms", "1.batch_ms", "1.round_trip_ms", "[0].full_batch_ms",
            "chain_ratio", "chain_ratio_processes", "overhead_bytes", "ratio_sorted",
-           "ratio_given", "rows.[0].drr_sel_per_s", "drr_growth", "held_bytes.deadline"}
+           "ratio_given", "rows.[0].drr_sel_per_s", "drr_growth", "held_bytes.deadline", "shape_ratio",
+           "pipeline_tps"}
 #: Exit statuses that are verdicts, not failures (their JSON is written first, so an
 #: exception, which leaves none, still fails): isolation.py exits 1 for a quiet org over
 #: its bound; core.py 1 for a target not met and 2 for targets its org counts do not reach.
