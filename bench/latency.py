@@ -162,8 +162,9 @@ async def amain(args: argparse.Namespace) -> dict:
                         run_id=run_id, timeout_s=60, progress=False, samples=False))
                     bad = [o for o in run.outcomes if o.status != "ok"]
                     if bad:  # a probe out of step with what it wraps kills a service
-                        raise RuntimeError(f"{len(bad)} requests not ok, e.g. {bad[0]}; "
-                                           f"a service's loop died of: {stack.failed()!r}")
+                        died = stack.failed()
+                        raise RuntimeError(f"{len(bad)} requests not ok, e.g. {bad[0]}" + (
+                            f"; a service's loop died of: {died!r}" if died else ""))
                     added_round = []
                     for wire, o in zip(run.wire_ids, run.outcomes, strict=True):
                         avail, disp = probe.avail[wire], probe.dispatch[wire]
