@@ -30,8 +30,10 @@ quiet org's p99 against its unloaded p99 and the bound
 not running the burst (``idle_ramp_ms``: before its first call,
 ``idle_gaps_ms``: between its calls; ``bench/burst.py``'s
 ``model_idle_ms``); and ``over_bound``: how many of the quiet org's
-requests took longer than the bound, and each stage's time beyond its p50
-with no burst, summed over them (``traffic.stages.excess_by_stage``).
+requests took longer than the bound, each stage's time beyond its p50
+with no burst, summed over them (``traffic.stages.excess_by_stage``), and
+when they were sent, in seconds after the burst's first request
+(``sent_after_burst_s``).
 
 Run: ``python bench/gpu_feed.py`` (workers 1 and 2), ``--quick`` (1 worker,
 a smaller burst).
@@ -62,10 +64,17 @@ from schemas.build import Built, build_config
 from schemas.messages import Request
 from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
-from traffic.replay_outcomes import late_stages
+from traffic.replay_outcomes import late_requests, results_ms, sent_after, sent_line
 from traffic.replay_sources import ReplayItem
 from traffic.report import percentile
-from traffic.stages import excess_by_stage, excess_line, stage_line, stage_times, usual_stage_ms
+from traffic.stages import (
+    excess_by_stage,
+    excess_line,
+    request_stages,
+    stage_line,
+    stage_times,
+    usual_stage_ms,
+)
 from traffic.textsynth import TextSynth
 
 __all__ = ["main"]
@@ -167,16 +176,18 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
     quiet = p99_ms(loaded, QUIET_ORG)
     bound = quiet_unloaded + 2 * batch_ms + round_trip_ms
     missing = sum(o.status != "ok" for o in loaded.outcomes) + args.burst - burst.ok
-    quiet_results = [(g[0], g[1] * 1000) for it, g in zip(loaded_items, loaded.results,
-                                                          strict=True)
-                     if g is not None and it.request.org == QUIET_ORG]
+    quiet_results = results_ms(g for it, g in zip(loaded_items, loaded.results, strict=True)
+                                if it.request.org == QUIET_ORG)
     stages = stage_times(quiet_results)
     print(stage_line(stages, label=f"{workers} worker(s), {QUIET_ORG} under the burst"))
     # The quiet requests that took longer than the bound, and where that time went.
-    usual = usual_stage_ms((g[0], g[1] * 1000) for g in unloaded.results if g is not None)
-    late = late_stages(loaded.outcomes, loaded.results, {QUIET_ORG: bound})
+    usual = usual_stage_ms(results_ms(unloaded.results))
+    late_got = late_requests(loaded.outcomes, loaded.results, {QUIET_ORG: bound})
+    late = [request_stages(r, ms) for r, ms in late_got]
     excess = excess_by_stage(late, usual)
-    print(excess_line(excess, len(late), label=f"{workers} worker(s), {QUIET_ORG} over the bound"))
+    after = sent_after(late_got, burst.first_created_s)
+    print(excess_line(excess, len(late), label=f"{workers} worker(s), {QUIET_ORG} over the bound")
+          + sent_line(after))
     ramp_ms, gaps_ms = burst.idle_ms if workers == 1 and burst.idle_ms else (None, None)
     if ramp_ms is not None:
         print(f"1 worker: the model not running the burst in its span of {span * 1000:,.0f} ms: "
@@ -188,7 +199,8 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
             quiet_unloaded, "batch_ms": batch_ms, "round_trip_ms": round_trip_ms,
             "bound_ms": bound, "burst": args.burst, "not_ok": missing, "span_s": span,
             "idle_ramp_ms": ramp_ms, "idle_gaps_ms": gaps_ms,
-            "over_bound": {"requests": len(late), "excess_ms": excess}}
+            "over_bound": {"requests": len(late), "excess_ms": excess,
+                           "sent_after_burst_s": after}}
 
 
 async def amain(args) -> dict:

@@ -25,8 +25,9 @@ Prints per layout and org: p99 without / with the burst / with the larger
 burst, the margin to the bound, and the quiet orgs' stage split (p99) under
 each burst; then, for the quiet requests that took longer than their org's
 bound, where that time went: each stage's time beyond its p50 without the
-burst, summed over them (``over_bound`` in the JSON). ``--json OUT`` writes
-the figures. Exit 1 if any org is over.
+burst, summed over them (``over_bound`` in the JSON), and when they were
+sent, in seconds after the burst's first request (``sent_after_burst_s``).
+``--json OUT`` writes the figures. Exit 1 if any org is over.
 
 Run: ``python bench/isolation.py`` (two layouts, bursts of 5,000 and 20,000;
 a few minutes on 2 cores); ``--quick`` (one layout, 2,000 and 8,000).
@@ -60,12 +61,19 @@ from schemas.build import Built, build_config
 from schemas.messages import Request
 from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
-from traffic.replay_outcomes import fit_batch_time, late_stages
+from traffic.replay_outcomes import (
+    fit_batch_time,
+    late_requests,
+    results_ms,
+    sent_after,
+    sent_line,
+)
 from traffic.replay_sources import ReplayItem
 from traffic.stages import (
     excess_by_stage,
     excess_line,
     percentile_ms,
+    request_stages,
     stage_line,
     stage_times,
     usual_stage_ms,
@@ -139,6 +147,7 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
         env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
     runs = {}
     burst_runs: dict[str, dict[str, int]] = {}
+    burst_began: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.toml"
         path.write_text(text)
@@ -159,11 +168,12 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                                             start_at=time.time() + settings.lead_s + 5.0)
                     run = await replay(kafka, config, items, settings)
                     if child is not None:
-                        burst_runs[label] = (await child.outcome()).statuses
+                        got = await child.outcome()
+                        burst_runs[label], burst_began[label] = got.statuses, got.first_created_s
                     shared = {o for o in quiet
                               if partition_for_key(o.encode(), INGRESS_PARTITIONS) == home}
-                    split = {k: [(g[0], g[1] * 1000) for g in run.results
-                                 if g is not None and (g[0].org in shared) == (k == "sharing")]
+                    split = {k: [g for g in results_ms(run.results)
+                                 if (g[0].org in shared) == (k == "sharing")]
                              for k in ("sharing", "others")}
                     runs[label] = (run, {k: stage_times(v) for k, v in split.items()})
         finally:
@@ -183,9 +193,11 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                      "p99_larger_ms": p99["larger"].get(org), "bound_ms": bound,
                      "within": bound is not None and worst <= bound})
     bounds = {r["org"]: r["bound_ms"] for r in rows}
-    late = {label: late_stages(runs[label][0].outcomes, runs[label][0].results, bounds)
-            for label in ("burst", "larger")}
-    usual = usual_stage_ms((g[0], g[1] * 1000) for g in runs["none"][0].results if g is not None)
+    late_got = {label: late_requests(runs[label][0].outcomes, runs[label][0].results, bounds)
+                for label in ("burst", "larger")}
+    late = {label: [request_stages(r, ms) for r, ms in got] for label, got in late_got.items()}
+    after = {label: sent_after(got, burst_began.get(label)) for label, got in late_got.items()}
+    usual = usual_stage_ms(results_ms(runs["none"][0].results))
     excess = {label: excess_by_stage(v, usual) for label, v in late.items()}
     not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
     not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")
@@ -194,8 +206,10 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
             "stages": {f"{label}, {k}": stage_line(st[k], label=f"{label}, {k}")
                        for label, (_, st) in runs.items() for k in ("sharing", "others")},
             "over_bound": {label: {"requests": len(late[label]), "excess_ms": excess[label],
+                                   "sent_after_burst_s": after[label],
                                    "line": excess_line(excess[label], len(late[label]),
-                                                       label=f"over the bound, {label}")}
+                                                       label=f"over the bound, {label}")
+                                   + sent_line(after[label])}
                            for label in late}}
 
 

@@ -20,8 +20,8 @@ from traffic.report import (
 )
 from traffic.stages import request_stages
 
-__all__ = ["fit_batch_time", "late_stages", "live_jain", "outcomes_of", "peak_per_s",
-           "stage_table"]
+__all__ = ["fit_batch_time", "late_requests", "late_stages", "live_jain", "outcomes_of", "peak_per_s",
+           "results_ms", "sent_after", "sent_line", "stage_table"]
 
 _STAGES = (("admission", "admitted_s", "arrival_s"), ("scheduler", "dispatched_s", "admitted_s"),
            ("batch", "completed_s", "dispatched_s"))
@@ -61,10 +61,19 @@ def stage_table(runs: dict[str, Sequence[Outcome]], *, max_orgs: int = 12) -> st
     return "\n".join(lines)
 
 
-def late_stages(outcomes: Sequence[Outcome], results: Sequence[tuple[Result, float] | None],
-                bounds_ms: Mapping[str, float | None]) -> list[dict[str, float]]:
-    """The stage split (:func:`traffic.stages.request_stages`) of each ok request that
-    took longer than its org's bound, sent to done.
+def results_ms(results: Iterable[tuple[Result, float] | None]) -> list[tuple[Result, float]]:
+    """A replay's results that came back, each with the epoch millisecond it was received.
+
+    The replay keeps epoch seconds; :mod:`traffic.stages` takes milliseconds.
+    One place converts, so no caller compares seconds with milliseconds.
+    """
+    return [(got[0], got[1] * 1000) for got in results if got is not None]
+
+
+def late_requests(outcomes: Sequence[Outcome], results: Sequence[tuple[Result, float] | None],
+                  bounds_ms: Mapping[str, float | None]) -> list[tuple[Result, float]]:
+    """Each ok request that took longer than its org's bound, sent to done: its result,
+    with the epoch millisecond it was received (as :func:`results_ms`).
 
     ``outcomes`` and ``results`` are a replay's, item by item (a result with
     the epoch second it was received, or None); an org without a bound in
@@ -75,8 +84,35 @@ def late_stages(outcomes: Sequence[Outcome], results: Sequence[tuple[Result, flo
         bound = bounds_ms.get(o.org)
         if (got is not None and bound is not None and o.status == "ok"
                 and o.completed_s is not None and (o.completed_s - o.arrival_s) * 1000 > bound):
-            late.append(request_stages(got[0], got[1] * 1000))
-    return late
+            late.append(got)
+    return results_ms(late)
+
+
+def sent_after(late: Iterable[tuple[Result, float]], began_s: float | None) -> list[float]:
+    """When each request was created, in seconds after ``began_s`` (a burst's first
+    request, epoch seconds), in order; empty without ``began_s``."""
+    if began_s is None:
+        return []
+    return sorted(round(r.created_ms / 1000 - began_s, 2) for r, _ in late
+                  if r.created_ms is not None)
+
+
+def sent_line(after_s: Sequence[float]) -> str:
+    """:func:`sent_after`'s figures in words, to follow an over-the-bound line: under a
+    burst's arrival (its records taken in, decided and forwarded at once) a quiet
+    request pays more than under its draining."""
+    if not after_s:
+        return ""
+    first = sum(a < 1.0 for a in after_s)
+    return (f"; sent {min(after_s):.2f} to {max(after_s):.2f} s after the burst's first "
+            f"request, {first} of {len(after_s)} within its first second")
+
+
+def late_stages(outcomes: Sequence[Outcome], results: Sequence[tuple[Result, float] | None],
+                bounds_ms: Mapping[str, float | None]) -> list[dict[str, float]]:
+    """The stage split (:func:`traffic.stages.request_stages`) of each of
+    :func:`late_requests`."""
+    return [request_stages(r, ms) for r, ms in late_requests(outcomes, results, bounds_ms)]
 
 
 def fit_batch_time(results: Iterable[Result]) -> dict[str, float] | None:

@@ -8,7 +8,15 @@ import pytest
 
 from schemas.config import load_config
 from schemas.messages import EmbedInput, Request, Result
-from traffic.replay_outcomes import late_stages, live_jain, outcomes_of, peak_per_s
+from traffic.replay_outcomes import (
+    late_stages,
+    live_jain,
+    outcomes_of,
+    peak_per_s,
+    results_ms,
+    sent_after,
+    sent_line,
+)
 from traffic.replay_sources import ReplayItem
 from traffic.report import Outcome
 
@@ -130,3 +138,22 @@ def test_late_stages_are_the_ok_requests_over_their_orgs_bound():
     results = [got(0), got(1), got(2), got(3), None]
     late = late_stages(outcomes, results, {"a": 200.0, "b": None})
     assert late == [{"to admission": 1.0}]  # r1 only: fetched 1 ms after it was sent
+
+
+def test_results_ms_drops_the_unanswered_and_turns_epoch_seconds_into_milliseconds():
+    """The stage functions take milliseconds; a replay keeps seconds (given seconds, the
+    delivery stage's usual time once came out 0: 5474f2a)."""
+    a = Result(id="a", status="ok")
+    b = Result(id="b", status="ok")
+    assert results_ms([(a, 1.25), None, (b, 2.0)]) == [(a, 1250.0), (b, 2000.0)]
+
+
+def test_sent_after_is_each_late_request_created_against_the_bursts_start_in_order():
+    late = [(Result(id="b", status="ok", created_ms=12_500), 13_000.0),
+            (Result(id="a", status="ok", created_ms=10_250), 11_000.0),
+            (Result(id="c", status="ok"), 11_000.0)]  # no stamp: not placed
+    assert sent_after(late, 10.0) == [0.25, 2.5]
+    assert sent_after(late, None) == []
+    assert sent_line([0.25, 2.5]) == ("; sent 0.25 to 2.50 s after the burst's first request, "
+                                      "1 of 2 within its first second")
+    assert sent_line([]) == ""
