@@ -46,7 +46,7 @@ from typing import Any
 from app.demo_burst import burst_main
 from app.demo_burst import text as _text
 from plumbing.heap import settle
-from plumbing.kafka import KafkaSettings
+from plumbing.kafka import EMBEDDED_SESSION, EMBEDDED_SESSION_ENV, KafkaSettings
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Result
 from traffic.stages import (
@@ -279,10 +279,8 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
     from producer.client import FairnessClient
 
     async with EmbeddedBroker() as broker:
-        kafka = KafkaSettings(bootstrap=broker.bootstrap, session_timeout_ms=2000,
-                              heartbeat_interval_ms=500)
-        env = {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500",
-               "SF_LOG_LEVEL": log_level}
+        kafka = KafkaSettings(bootstrap=broker.bootstrap, **EMBEDDED_SESSION)
+        env = {**EMBEDDED_SESSION_ENV, "SF_LOG_LEVEL": log_level}
         async with ProcessStack(config_path, broker.bootstrap, policy=phase.policy,
                                 endpoints=list(config.endpoints), model=model,
                                 worker_threads=threads, log=log, env=env,

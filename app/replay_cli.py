@@ -21,7 +21,7 @@ import msgspec
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
-    kafka_endpoint,
+    kafka_connected,
     settings_from_args,
 )
 from schemas.config import Config, ConfigError, load_config
@@ -206,26 +206,21 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
     if args.processes:
         # Before the embedded broker starts, so that it too stays off the workers' CPUs.
         args.cpus = _pin_workers(config)
-    async with kafka_endpoint(kafka) as bootstrap:
-        if kafka.bootstrap is None:
-            # Our own broker: short sessions make group joins take ~1 s, not 3.
-            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
-                                            heartbeat_interval_ms=500)
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        items, source, margin = await _load_items(args, config, kafka, since, until)
+    async with kafka_connected(kafka) as live:
+        items, source, margin = await _load_items(args, config, live, since, until)
         settings = ReplaySettings(speed=args.speed, to_topic=args.to_topic,
                                   timeout_s=args.timeout_s, progress=not args.no_progress)
         if args.processes:
-            result = await _replay_in_processes(args, config, kafka, items, settings)
+            result = await _replay_in_processes(args, config, live, items, settings)
         elif not args.in_process:
-            result = await replay(kafka, config, items, settings)
+            result = await replay(live, config, items, settings)
         else:
             endpoints = sorted({it.request.endpoint for it in items} & set(config.endpoints))
             print(f"starting the pipeline in-process ({args.workers} worker(s) x "
                   f"{config.service.worker_slots} slot(s) per endpoint, model "
                   f"{args.model or 'of each endpoint'}, policy {args.policy})...",
                   file=sys.stderr)
-            async with Stack(config, kafka, policy=args.policy, model=args.model,
+            async with Stack(config, live, policy=args.policy, model=args.model,
                              workers=args.workers, endpoints=endpoints or None,
                              token_counter=args.token_counter) as stack:
                 from prometheus_client import generate_latest
@@ -236,7 +231,7 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
                     return generate_latest(registry).decode()
 
                 args.live_fairness = FairnessSampler(fetch)
-                result = await args.live_fairness.around(replay(kafka, config, items, settings))
+                result = await args.live_fairness.around(replay(live, config, items, settings))
     return _finish(args, config, items, result, source, margin)
 
 

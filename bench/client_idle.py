@@ -36,7 +36,7 @@ import msgspec
 
 from app.stack import Stack
 from plumbing.broker import EmbeddedBroker
-from plumbing.kafka import KafkaSettings
+from plumbing.kafka import EMBEDDED_SESSION, KafkaSettings
 from plumbing.logs import configure_logging
 from producer.client import FairnessClient
 from schemas.build import build_config
@@ -51,8 +51,7 @@ async def amain(n: int, idle_s: float, idle_ms: int) -> dict:
     if len(set(waits)) < 2:
         raise ValueError(f"--idle-ms {idle_ms} is the busy wait: nothing to compare")
     with EmbeddedBroker() as broker:
-        base = KafkaSettings(bootstrap=broker.bootstrap, session_timeout_ms=2000,
-                             heartbeat_interval_ms=500)
+        base = KafkaSettings(bootstrap=broker.bootstrap, **EMBEDDED_SESSION)
         config = build_config(base=(ROOT / "examples" / "config.toml").read_text(),
                               prefix=f"idlec{uuid.uuid4().hex[:6]}.").config
         async with Stack(config, base, model="fake", endpoints=["embed"]):

@@ -53,12 +53,17 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import msgspec
 
 from app.processes import ProcessStack
 from bench.burst import start_burst
 from bench.figures import run_quietly
-from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
+from plumbing.kafka import (
+    EMBEDDED_SESSION_ENV,
+    KafkaSettings,
+    add_kafka_arguments,
+    kafka_connected,
+    settings_from_args,
+)
 from plumbing.topics import delete_topics, describe_topics
 from schemas.build import Built, build_config
 from schemas.messages import Request
@@ -138,7 +143,7 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
     model = f"fake:ms_per_token={args.ms_per_token},dim=32"
     env = {"SF_LOG_LEVEL": "WARNING"}
     if args.embedded:
-        env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+        env |= EMBEDDED_SESSION_ENV
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.toml"
         path.write_text(built.text)
@@ -207,11 +212,7 @@ async def amain(args) -> dict:
     kafka = settings_from_args(args)
     args.embedded = kafka.bootstrap is None
     results = {}
-    async with kafka_endpoint(kafka) as bootstrap:
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        if args.embedded:
-            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
-                                            heartbeat_interval_ms=500)
+    async with kafka_connected(kafka) as kafka:
         for w in args.workers:
             results[str(w)] = await one(kafka, args, w)
     print(f"fake model at {args.ms_per_token} ms per padded token (one H200, MiniLM-shaped), "

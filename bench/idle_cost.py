@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.processes import ProcessStack
 from bench.figures import run_quietly
 from plumbing.broker import EmbeddedBroker
-from plumbing.kafka import KafkaSettings, settings_from_env
+from plumbing.kafka import EMBEDDED_SESSION, EMBEDDED_SESSION_ENV, KafkaSettings, settings_from_env
 from producer.client import FairnessClient
 from schemas.build import build_config
 
@@ -82,10 +82,9 @@ async def idle_round(broker: EmbeddedBroker, env: dict[str, str], seconds: float
     """CPU share (1.0 = one core) of each process over ``seconds`` with nothing sent."""
     built = build_config(base=(ROOT / "examples" / "config.toml").read_text(),
                          prefix=f"idle{uuid.uuid4().hex[:6]}.")
-    kafka = settings_from_env(env, base=KafkaSettings(
-        bootstrap=broker.bootstrap, session_timeout_ms=2000, heartbeat_interval_ms=500))
-    env = {"SF_LOG_LEVEL": "WARNING", "SF_KAFKA_SESSION_TIMEOUT_MS": "2000",
-           "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500", **env}
+    kafka = settings_from_env(env, base=KafkaSettings(bootstrap=broker.bootstrap,
+                                                      **EMBEDDED_SESSION))
+    env = {"SF_LOG_LEVEL": "WARNING", **EMBEDDED_SESSION_ENV, **env}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.toml"
         path.write_text(built.text)

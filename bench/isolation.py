@@ -49,11 +49,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import msgspec
 
 from app.processes import ProcessStack
 from bench.burst import start_burst
-from plumbing.kafka import KafkaSettings, add_kafka_arguments, kafka_endpoint, settings_from_args
+from plumbing.kafka import (
+    EMBEDDED_SESSION_ENV,
+    KafkaSettings,
+    add_kafka_arguments,
+    kafka_connected,
+    settings_from_args,
+)
 from plumbing.logs import configure_logging
 from plumbing.outbox import partition_for_key
 from plumbing.topics import delete_topics, describe_topics
@@ -144,7 +149,7 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     text, config = built.text, built.config
     env = {"SF_LOG_LEVEL": "WARNING"}
     if args.embedded:
-        env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+        env |= EMBEDDED_SESSION_ENV
     runs = {}
     burst_runs: dict[str, dict[str, int]] = {}
     burst_began: dict[str, float | None] = {}
@@ -217,11 +222,7 @@ async def amain(args) -> list[dict]:
     kafka = settings_from_args(args)
     args.embedded = kafka.bootstrap is None
     out = []
-    async with kafka_endpoint(kafka) as bootstrap:
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        if args.embedded:
-            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
-                                            heartbeat_interval_ms=500)
+    async with kafka_connected(kafka) as kafka:
         for seed in range(1, args.layouts + 1):
             out.append(await one_layout(kafka, args, seed))
     def ms(x):

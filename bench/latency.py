@@ -47,11 +47,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import msgspec
 
 from app.stack import Stack
 from bench.figures import run_quietly
-from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
+from plumbing.kafka import add_kafka_arguments, kafka_connected, settings_from_args
 from plumbing.topics import delete_topics, describe_topics
 from schemas.build import build_config
 from schemas.config import Config
@@ -139,16 +138,11 @@ async def amain(args: argparse.Namespace) -> dict:
     capacity = 1000.0 / args.service_ms
     rate = args.load * capacity
     kafka = settings_from_args(args)
-    embedded = kafka.bootstrap is None
     rows: dict[str, list[float]] = {k: [] for k in
                                     ("added", "added_idle", "added_busy", "e2e", "own",
                                      "e2e_minus_own", "hold", "hop", "busy_wait")}
     per_round: list[float] = []
-    async with kafka_endpoint(kafka) as bootstrap:
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        if embedded:
-            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
-                                            heartbeat_interval_ms=500)
+    async with kafka_connected(kafka) as kafka:
         prefix = f"benchl{uuid.uuid4().hex[:6]}."
         config = bench_config(prefix)
         try:

@@ -48,7 +48,7 @@ from app.processes import ProcessStack
 from bench.figures import write_json
 from bench.loadgen import Load, percentile, rss_mib
 from plumbing.broker import EmbeddedBroker
-from plumbing.kafka import KafkaSettings, make_consumer
+from plumbing.kafka import EMBEDDED_SESSION_ENV, KafkaSettings, make_consumer
 from producer.client import FairnessClient
 from schemas.build import Built, build_config
 from schemas.codec import codec_for
@@ -119,7 +119,7 @@ async def run(*, seconds: float = 60.0, factor: float = 10.0, ms_per_token: floa
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "overload.toml"
         cfg_path.write_text(built.text)
-        env = {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+        env = EMBEDDED_SESSION_ENV
         async with EmbeddedBroker() as broker:
             kafka = KafkaSettings(bootstrap=broker.bootstrap, client_id="overload-bench")
             stack = ProcessStack(cfg_path, broker.bootstrap, endpoints=["embed"], env=env, log=log)

@@ -49,9 +49,10 @@ from app.processes import ProcessStack
 from app.stack import Stack
 from bench.figures import run_quietly
 from plumbing.kafka import (
+    EMBEDDED_SESSION_ENV,
     KafkaSettings,
     add_kafka_arguments,
-    kafka_endpoint,
+    kafka_connected,
     settings_from_args,
 )
 from plumbing.topics import delete_topics, describe_topics, ensure_topics
@@ -140,7 +141,7 @@ async def process_rounds(kafka: KafkaSettings, items: list[ReplayItem], raw_args
     config = built.config
     env = {"SF_LOG_LEVEL": "WARNING"}
     if embedded:
-        env |= {"SF_KAFKA_SESSION_TIMEOUT_MS": "2000", "SF_KAFKA_HEARTBEAT_INTERVAL_MS": "500"}
+        env |= EMBEDDED_SESSION_ENV
     raw: list[float] = []
     pipe: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,12 +172,7 @@ async def amain(args: argparse.Namespace) -> dict:
     embedded = kafka.bootstrap is None
     figures: dict = {"requests": n, "tokens": args.tokens, "repeat": repeat}
     lines: list[str] = []
-    async with kafka_endpoint(kafka) as bootstrap:
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        if embedded:
-            # Our own broker: short sessions make group joins take ~1 s, not 3.
-            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
-                                            heartbeat_interval_ms=500)
+    async with kafka_connected(kafka) as kafka:
         items = make_items(n, args.tokens)
         sample = [msgspec.structs.replace(it.request, reply_to="x.replies.x",
                                           created_ms=int(time.time() * 1000))
@@ -237,7 +233,7 @@ async def amain(args: argparse.Namespace) -> dict:
                           f"  {name}_ratio: {figures[f'{name}_ratio']:.3f}"]
     print(f"{n:,} requests of {args.tokens} tokens ({figures['message_bytes']:.0f} B as JSON), "
           f"5 orgs; best of {repeat} interleaved rounds; broker "
-          f"{'embedded Tansu' if embedded else bootstrap}")
+          f"{'embedded Tansu' if embedded else kafka.bootstrap}")
     print(f"{'':<52}{'seconds':>9}{'rate':>12}")
     print("\n".join(lines))
     if profile:

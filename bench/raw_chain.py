@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hops import produce_and_read
 
 from plumbing.broker import EmbeddedBroker
-from plumbing.kafka import KafkaSettings, make_consumer, make_producer
+from plumbing.kafka import EMBEDDED_SESSION, KafkaSettings, make_consumer, make_producer
 from plumbing.logs import configure_logging
 from plumbing.topics import ensure_topics
 
@@ -154,8 +154,7 @@ async def amain(n: int, repeat: int) -> dict:
     sides = {"raw": raw_round, "chain": chain_round, "chain_processes": chain_processes_round}
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     with EmbeddedBroker() as broker:
-        kafka = KafkaSettings(bootstrap=broker.bootstrap, session_timeout_ms=2000,
-                              heartbeat_interval_ms=500)
+        kafka = KafkaSettings(bootstrap=broker.bootstrap, **EMBEDDED_SESSION)
         await raw_round(kafka, min(n, 500))  # warm-up
         for _ in range(repeat):
             for name, fn in sides.items():

@@ -48,7 +48,7 @@ import numpy as np
 
 from app.stack import Stack
 from bench.figures import run_quietly
-from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
+from plumbing.kafka import add_kafka_arguments, kafka_connected, settings_from_args
 from plumbing.topics import delete_topics, describe_topics
 from producer.client import FairnessClient
 from schemas.build import build_config
@@ -141,11 +141,7 @@ async def amain(args: argparse.Namespace) -> dict:
     kafka = settings_from_args(args)
     embedded = kafka.bootstrap is None
     rounds: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    async with kafka_endpoint(kafka) as bootstrap:
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        if embedded:
-            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
-                                            heartbeat_interval_ms=500)
+    async with kafka_connected(kafka) as kafka:
         prefix = f"bench{uuid.uuid4().hex[:6]}."
         config = bench_config(prefix)
         try:
@@ -170,7 +166,7 @@ async def amain(args: argparse.Namespace) -> dict:
             await delete_topics(kafka, await describe_topics(kafka, prefix))
     print(f"{dim}-value float vectors, {args.texts} per result; model {args.model}; {n:,} requests "
           f"through the pipeline per round, best of {repeat} interleaved rounds; broker "
-          f"{'embedded Tansu' if embedded else bootstrap}")
+          f"{'embedded Tansu' if embedded else kafka.bootstrap}")
     print(f"{'':<18}{'result B':>10}{'vectors B':>10}{'codec us':>10}{'e2e req/s':>11}"
           f"{'rounds (s)':>22}")
     figures: dict = {"dimensions": dim, "texts_per_request": args.texts, "requests": n,

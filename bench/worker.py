@@ -41,11 +41,10 @@ sys.path.insert(0, str(_BENCH.parent))
 sys.path.insert(0, str(_BENCH))
 
 import batching  # bench/batching.py: texts of exact lengths, the micro-batching figures
-import msgspec
 
 from app.stack import Stack
 from bench.figures import write_json
-from plumbing.kafka import add_kafka_arguments, kafka_endpoint, settings_from_args
+from plumbing.kafka import add_kafka_arguments, kafka_connected, settings_from_args
 from plumbing.logs import configure_logging
 from plumbing.topics import delete_topics, describe_topics
 from schemas.build import build_config
@@ -143,17 +142,12 @@ async def amain(args: argparse.Namespace) -> dict:
             calls.append((list(batch), list(ks)))
 
     kafka = settings_from_args(args)
-    embedded = kafka.bootstrap is None
     encode_s: list[float] = []
     pipe_s: list[float] = []
     model_s: list[float] = []
     worker_padded: list[int] = []
     alone_s: list[float] = []
-    async with kafka_endpoint(kafka) as bootstrap:
-        kafka = msgspec.structs.replace(kafka, bootstrap=bootstrap)
-        if embedded:
-            kafka = msgspec.structs.replace(kafka, session_timeout_ms=2000,
-                                            heartbeat_interval_ms=500)
+    async with kafka_connected(kafka) as kafka:
         prefix = f"benchw{uuid.uuid4().hex[:6]}."
         config = bench_config(prefix, batching.MODEL)
         try:
