@@ -148,6 +148,8 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     built = bench_config(prefix, quiet)
     text, config = built.text, built.config
     env = {"SF_LOG_LEVEL": "WARNING"}
+    if args.shape_org_per_s:
+        env["SF_ADMISSION_SHAPE_ORG_PER_S"] = str(args.shape_org_per_s)
     if args.embedded:
         env |= EMBEDDED_SESSION_ENV
     runs = {}
@@ -207,7 +209,7 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
     not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")
                for label, statuses in burst_runs.items()}
-    return {"seed": seed, "full_batch_ms": full_ms, "fit": fit, "orgs": rows, "not_ok": not_ok,
+    return {"seed": seed, "shape_org_per_s": args.shape_org_per_s, "full_batch_ms": full_ms, "fit": fit, "orgs": rows, "not_ok": not_ok,
             "stages": {f"{label}, {k}": stage_line(st[k], label=f"{label}, {k}")
                        for label, (_, st) in runs.items() for k in ("sharing", "others")},
             "over_bound": {label: {"requests": len(late[label]), "excess_ms": excess[label],
@@ -228,6 +230,8 @@ async def amain(args) -> list[dict]:
     def ms(x):
         return "-" if x is None else f"{x:,.0f}"
 
+    if args.shape_org_per_s:
+        print(f"\nadmission shapes each org to {args.shape_org_per_s:g} records/s")
     for lay in out:
         print(f"\nlayout {lay['seed']}: full batch {lay['full_batch_ms']:.1f} ms (fit "
               f"{lay['fit']['overhead_ms']:.2f} ms + {lay['fit']['ms_per_token']:.5f} ms/token, "
@@ -258,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", type=int, default=None, help="default 2 (quick 1)")
     parser.add_argument("--seconds", type=float, default=20.0, help="quiet traffic, per run")
     parser.add_argument("--rate", type=float, default=2.0, help="requests/s per quiet org")
+    parser.add_argument("--shape-org-per-s", type=float, default=0.0,
+                        help="admission's shape_org_per_s (producer/shaping.py); default 0: off")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     add_kafka_arguments(parser)
     args = parser.parse_args(argv)

@@ -40,6 +40,16 @@ class AdmissionSettings(ServiceSettings, frozen=True):
         "Fetched records held undecided at most. A quiet org's record fetched behind a "
         "burst on its partition is decided in the next step instead of after the burst; "
         "offsets are committed in log order all the same.", ge=1)] = 50_000
+    shape_org_per_s: Annotated[float, doc(
+        "Records of one org this instance decides per second at most, past "
+        "shape_org_burst at once; the rest wait in the read-ahead, uncommitted, and are "
+        "decided at this rate, so a burst's relay is spread over its service time instead "
+        "of filling shared CPUs in its first second (producer/shaping.py, with what it "
+        "costs). Set it above what the fleet serves for one org. 0: no shaping.",
+        ge=0)] = 0.0
+    shape_org_burst: Annotated[int, doc(
+        "Records one org may have decided at once before shape_org_per_s applies.",
+        ge=1)] = 200
     max_partition_fetch_bytes: Annotated[int, doc(
         "Bytes read per ingress partition per fetch: large, so reading ahead past a "
         "burst takes few fetches.", ge=1024)] = 1024 * 1024

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from producer.shaping import Shaper
 
 __all__ = ["ReadAhead"]
 
@@ -56,11 +59,15 @@ class ReadAhead:
             q.append((rec, at))
             self.held += 1
 
-    def take(self, n: int, max_bytes: int | None = None) -> list[tuple[Hashable, Any, Any]]:
+    def take(self, n: int, max_bytes: int | None = None, *, shaper: Shaper | None = None,
+             now: float = 0.0) -> list[tuple[Hashable, Any, Any]]:
         """Up to ``n`` (partition, record, fetched at): one per group in turn, each in order.
 
         ``max_bytes``: stop once the records taken hold this many bytes of
-        value (at least one record is taken).
+        value (at least one record is taken). ``shaper``: a keyed group is
+        passed over while its key has no allowance at ``now`` (it keeps its
+        place in the turn), and each record taken spends one
+        (:mod:`producer.shaping`); unkeyed records are not shaped.
         """
         out: list[tuple[Hashable, Any, Any]] = []
         ring, groups = self._ring, self._groups
@@ -68,10 +75,14 @@ class ReadAhead:
         budget = float("inf") if max_bytes is None else max_bytes
         while len(out) < n and ring and size < budget:
             # One pass over the ring as it stands: one record of each group.
+            taken = len(out)
             for _ in range(len(ring)):
                 if len(out) >= n or size >= budget:
                     break
                 g = ring.popleft()
+                if shaper is not None and g[1] is not None and not shaper.take(g[1], now):
+                    ring.append(g)
+                    continue
                 q = groups[g]
                 item = q.popleft()
                 size += len(item[0].value or b"")
@@ -80,8 +91,19 @@ class ReadAhead:
                     ring.append(g)
                 else:
                     del groups[g]
+            if len(out) == taken:
+                break  # every group left is waiting for its allowance
         self.held -= len(out)
         return out
+
+    def due_in(self, shaper: Shaper | None, now: float) -> float | None:
+        """Seconds until :meth:`take` with ``shaper`` would return a record: 0 if it would
+        now, None if nothing is held."""
+        if not self._ring:
+            return None
+        if shaper is None:
+            return 0.0
+        return min((0.0 if key is None else shaper.due_in(key, now)) for _, key in self._ring)
 
     def drop(self, partitions: Iterable[Hashable] | None = None) -> int:
         """Forget what is held of ``partitions`` (all when None); returns how many records."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from collections import Counter
@@ -79,6 +80,7 @@ from producer.admission import Admission, Admitted, DeadLetterReason, Outcome, R
 from producer.metrics import AdmissionMetrics, LogSampler
 from producer.ratelimit import RateLimiter
 from producer.readahead import ReadAhead
+from producer.shaping import Shaper
 from producer.throttle import ThrottleState
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
@@ -188,6 +190,10 @@ class AdmissionService(Service):
         self._state: StateFollower | None = None
         #: Fetched records not yet decided, and every held offset (this generation).
         self._ahead = ReadAhead()
+        #: One org's records decided no faster than this (None: as fast as fetched).
+        self._shaper = (Shaper(s.shape_org_per_s, s.shape_org_burst)
+                        if s.shape_org_per_s > 0 else None)
+        self._prune_at_s = 0.0
         self._offsets = OffsetTracker()
         self._generation: tuple[int, str] | None = None
         self._next_commit_s = 0.0
@@ -249,7 +255,9 @@ class AdmissionService(Service):
         the producer in one go (:class:`plumbing.outbox.Outbox`). While the
         broker acknowledges a step, the next is decided; :meth:`_settle_loop`
         settles steps in order and commits each partition up to its oldest
-        record not yet written. At most ``steps_in_flight`` steps wait.
+        record not yet written. At most ``steps_in_flight`` steps wait. With
+        ``shape_org_per_s`` set, an org past its allowance is passed over in
+        the turn until its next record is due (:mod:`producer.shaping`).
         """
         queue: asyncio.Queue[_Step | None] = asyncio.Queue(
             maxsize=max(1, self.settings.steps_in_flight))
@@ -257,10 +265,17 @@ class AdmissionService(Service):
         s = self.settings
         try:
             while not self.stopping and not settler.done():
+                now = time.monotonic()
+                shaper = self._shaping()
                 if len(self._ahead) < s.read_ahead_records:
+                    # Nothing held: wait for records; all of it shaped: for them or
+                    # until the first allowance is due, whichever comes first.
+                    due = self._ahead.due_in(shaper, now)
+                    wait_ms = s.poll_timeout_ms if due is None else min(
+                        s.poll_timeout_ms, math.ceil(due * 1000))
                     try:
                         batches = await self._consumer.getmany(
-                            timeout_ms=0 if self._ahead.held else s.poll_timeout_ms,
+                            timeout_ms=wait_ms,
                             max_records=s.read_ahead_records - len(self._ahead))
                     except KafkaError as e:
                         self.log.warning("ingress_fetch_failed", error=repr(e))
@@ -273,12 +288,29 @@ class AdmissionService(Service):
                         self._ahead.add(tp, records, fetched_ms)
                 if not self._ahead.held:
                     continue
-                step = await self._step(self._ahead.take(s.max_step_records, s.max_step_bytes))
+                taken = self._ahead.take(s.max_step_records, s.max_step_bytes, shaper=shaper,
+                                         now=time.monotonic())
+                if not taken:
+                    continue  # every org held is waiting for its allowance
+                step = await self._step(taken)
                 await queue.put(step)
         finally:
             if not settler.done():
                 await queue.put(None)
             await settler
+
+    def _shaping(self) -> Shaper | None:
+        """The shaper while it applies: not from half a full read-ahead on, where a burst
+        larger than it holds is decided at full speed again rather than stop the fetches
+        every other org's records wait for; its refilled buckets are let go as it goes."""
+        shaper = self._shaper
+        if shaper is None or 2 * len(self._ahead) >= self.settings.read_ahead_records:
+            return None
+        now = time.monotonic()
+        if now >= self._prune_at_s:
+            shaper.prune(now)
+            self._prune_at_s = now + 1.0
+        return shaper
 
     # -- the loop --------------------------------------------------------
 
