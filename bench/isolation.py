@@ -19,7 +19,8 @@ Ingress is keyed by org, and an org whose key lands on the bursting org's
 partition used to wait behind the whole burst at admission; so each
 **layout** (``--layouts``) names the quiet orgs afresh, and every layout
 puts some of them on the bursting org's ingress partition. The table marks
-those orgs (``shares``).
+those orgs (``shares``). ``--shape-org-per-s R`` runs admission with
+``shape_org_per_s = R`` (``producer/shaping.py``; off by default).
 
 Prints per layout and org: p99 without / with the burst / with the larger
 burst, the margin to the bound, and the quiet orgs' stage split (p99) under
