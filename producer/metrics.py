@@ -50,6 +50,12 @@ class AdmissionMetrics:
             "Ingress records not yet decided, per partition (highwater - next offset).",
             ["partition"], registry=registry,
         )
+        self.read_ahead = Gauge(
+            "sf_admission_read_ahead_records",
+            "Ingress records fetched and not yet decided: read ahead, and with shaping on "
+            "(shape_org_per_s), waiting for their org's allowance.",
+            registry=registry,
+        )
         self.state_age = Gauge(
             "sf_admission_scheduler_state_age_seconds",
             "Age of the latest scheduler snapshot (NaN before the first); beyond the "

@@ -198,6 +198,7 @@ class AdmissionService(Service):
         self._generation: tuple[int, str] | None = None
         self._next_commit_s = 0.0
         self.metrics.state_age.set_function(self._state_age_s)
+        self.metrics.read_ahead.set_function(lambda: len(self._ahead))
 
     # -- lifecycle -------------------------------------------------------
 

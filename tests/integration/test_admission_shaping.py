@@ -51,6 +51,11 @@ async def test_a_shaped_burst_is_spread_and_the_org_behind_it_is_not(
             await asyncio.gather(*sends)
         finally:
             await producer.stop()
+        def waiting() -> float:
+            return service.registry.get_sample_value("sf_admission_read_ahead_records")
+
+        # The shaped records wait read ahead, and the gauge says so.
+        await _until(lambda: waiting() > 0, "shaped records to be counted read ahead")
         records = await _read(kafka_settings, topics.tier("standard"), BURST + 1, timeout_s=30)
         admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
         bulk = [a for a in admitted if a.org == "bulk"]
@@ -65,6 +70,7 @@ async def test_a_shaped_burst_is_spread_and_the_org_behind_it_is_not(
         assert before_quiet <= ALLOWANCE + 5, before_quiet
         # Every ingress offset committed once the last shaped record was written.
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
+        assert waiting() == 0
 
         async def committed() -> int:
             total = 0
