@@ -103,7 +103,13 @@ class ReadAhead:
             return None
         if shaper is None:
             return 0.0
-        return min((0.0 if key is None else shaper.due_in(key, now)) for _, key in self._ring)
+        soonest = float("inf")
+        for _, key in self._ring:  # in turn order: the next group is usually ready
+            due = 0.0 if key is None else shaper.due_in(key, now)
+            if due == 0.0:
+                return 0.0
+            soonest = min(soonest, due)
+        return soonest
 
     def drop(self, partitions: Iterable[Hashable] | None = None) -> int:
         """Forget what is held of ``partitions`` (all when None); returns how many records."""
