@@ -53,7 +53,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
 from app.processes import ProcessStack
 from bench.burst import start_burst
 from bench.figures import run_quietly

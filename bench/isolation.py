@@ -50,7 +50,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
 from app.processes import ProcessStack
 from bench.burst import start_burst
 from plumbing.kafka import (
@@ -210,7 +209,8 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
     not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")
                for label, statuses in burst_runs.items()}
-    return {"seed": seed, "shape_org_per_s": args.shape_org_per_s, "full_batch_ms": full_ms, "fit": fit, "orgs": rows, "not_ok": not_ok,
+    return {"seed": seed, "shape_org_per_s": args.shape_org_per_s, "full_batch_ms": full_ms,
+            "fit": fit, "orgs": rows, "not_ok": not_ok,
             "stages": {f"{label}, {k}": stage_line(st[k], label=f"{label}, {k}")
                        for label, (_, st) in runs.items() for k in ("sharing", "others")},
             "over_bound": {label: {"requests": len(late[label]), "excess_ms": excess[label],

@@ -267,7 +267,7 @@ class AdmissionService(Service):
         try:
             while not self.stopping and not settler.done():
                 now = time.monotonic()
-                shaper = self._shaping()
+                shaper = self._shaping(now)
                 if len(self._ahead) < s.read_ahead_records:
                     # Nothing held: wait for records; all of it shaped: for them or
                     # until the first allowance is due, whichever comes first.
@@ -300,14 +300,13 @@ class AdmissionService(Service):
                 await queue.put(None)
             await settler
 
-    def _shaping(self) -> Shaper | None:
+    def _shaping(self, now: float) -> Shaper | None:
         """The shaper while it applies: not from half a full read-ahead on, where a burst
         larger than it holds is decided at full speed again rather than stop the fetches
         every other org's records wait for; its refilled buckets are let go as it goes."""
         shaper = self._shaper
         if shaper is None or 2 * len(self._ahead) >= self.settings.read_ahead_records:
             return None
-        now = time.monotonic()
         if now >= self._prune_at_s:
             shaper.prune(now)
             self._prune_at_s = now + 1.0

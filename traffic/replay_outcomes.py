@@ -18,9 +18,8 @@ from traffic.report import (
     Outcome,
     percentile,
 )
-from traffic.stages import request_stages
 
-__all__ = ["fit_batch_time", "late_requests", "late_stages", "live_jain", "outcomes_of", "peak_per_s",
+__all__ = ["fit_batch_time", "late_requests", "live_jain", "outcomes_of", "peak_per_s",
            "results_ms", "sent_after", "sent_line", "stage_table"]
 
 _STAGES = (("admission", "admitted_s", "arrival_s"), ("scheduler", "dispatched_s", "admitted_s"),
@@ -106,13 +105,6 @@ def sent_line(after_s: Sequence[float]) -> str:
     first = sum(a < 1.0 for a in after_s)
     return (f"; sent {min(after_s):.2f} to {max(after_s):.2f} s after the burst's first "
             f"request, {first} of {len(after_s)} within its first second")
-
-
-def late_stages(outcomes: Sequence[Outcome], results: Sequence[tuple[Result, float] | None],
-                bounds_ms: Mapping[str, float | None]) -> list[dict[str, float]]:
-    """The stage split (:func:`traffic.stages.request_stages`) of each of
-    :func:`late_requests`."""
-    return [request_stages(r, ms) for r, ms in late_requests(outcomes, results, bounds_ms)]
 
 
 def fit_batch_time(results: Iterable[Result]) -> dict[str, float] | None:

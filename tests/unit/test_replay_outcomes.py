@@ -9,7 +9,7 @@ import pytest
 from schemas.config import load_config
 from schemas.messages import EmbedInput, Request, Result
 from traffic.replay_outcomes import (
-    late_stages,
+    late_requests,
     live_jain,
     outcomes_of,
     peak_per_s,
@@ -19,6 +19,7 @@ from traffic.replay_outcomes import (
 )
 from traffic.replay_sources import ReplayItem
 from traffic.report import Outcome
+from traffic.stages import request_stages
 
 CONFIG = load_config(Path(__file__).resolve().parents[2] / "examples" / "config.toml")
 WALL0 = 1_700_000_000.0
@@ -123,9 +124,9 @@ def test_batch_time_fitted_from_results():
     assert fit_batch_time(results[:2]) is None
 
 
-def test_late_stages_are_the_ok_requests_over_their_orgs_bound():
-    """Sent to done over the org's bound: its stage split; within it, failed, unanswered
-    or of an org with no bound: nothing."""
+def test_late_requests_are_the_ok_requests_over_their_orgs_bound():
+    """Sent to done over the org's bound: its result (here through its stage split); within
+    it, failed, unanswered or of an org with no bound: nothing."""
     def out(i: int, org: str, took_s: float, status: str = "ok") -> Outcome:
         return Outcome(id=f"r{i}", org=org, status=status, arrival_s=10.0,
                        completed_s=10.0 + took_s)
@@ -136,7 +137,8 @@ def test_late_stages_are_the_ok_requests_over_their_orgs_bound():
     outcomes = [out(0, "a", 0.050), out(1, "a", 0.300), out(2, "a", 0.300, "rejected"),
                 out(3, "b", 0.300), out(4, "a", 0.300)]
     results = [got(0), got(1), got(2), got(3), None]
-    late = late_stages(outcomes, results, {"a": 200.0, "b": None})
+    late = [request_stages(r, ms)
+            for r, ms in late_requests(outcomes, results, {"a": 200.0, "b": None})]
     assert late == [{"to admission": 1.0}]  # r1 only: fetched 1 ms after it was sent
 
 
