@@ -47,7 +47,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
 from app.stack import Stack
 from bench.figures import run_quietly
 from plumbing.kafka import add_kafka_arguments, kafka_connected, settings_from_args

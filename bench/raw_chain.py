@@ -39,7 +39,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
 from hops import produce_and_read
 
 from plumbing.broker import EmbeddedBroker
