@@ -212,6 +212,11 @@ def expected_refusal(req: Request, size: int) -> tuple[str, str] | None:
             return "invalid", answer
     if req.deadline_ms is not None and NOW_MS - 5 + req.deadline_ms <= NOW_MS:
         return "expired", "deadline_passed"
+    # A fresh limiter refuses only what can never fit: the free tier's rerank (0 a minute;
+    # vip-trial's own limit is on embed). Embed's 40 tokens a minute is above its
+    # max_request_tokens, so no valid embed request reaches it.
+    if org.tier == "free" and kind == "rerank":
+        return "rejected", "rate_limited"
     return None
 
 
