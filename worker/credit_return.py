@@ -22,7 +22,7 @@ its timer returns the credit with its batch's end, as any batch does.
 
 Not only the last call: where a batch's last calls together take less
 than the lead (a GPU batch of two 9 ms micro-batches against a lead of
-~22 ms), the credit is due at the start of the first call after which
+~13 ms), the credit is due at the start of the first call after which
 less than the lead is left (:func:`release_step`), and the timer runs
 from there with the time left to the batch's end. Returned at the last
 call's start there, the next batch had that one call, 9 ms, to cover a
@@ -35,6 +35,17 @@ there for the rest of the running batch (the quiet org's worker-queue p99
 in that bench 8-12 -> 17-31 ms) where it waited for the credit at the
 scheduler before.
 
+The lead is one round trip plus 5 ms. It is what the next batch needs to
+arrive in time, and it is also work a quiet org's request can find at the
+worker beyond the running batch: the next batch goes out a lead before the
+running one ends, and a request that comes just after it waits for it.
+The first rule was 1.5 round trips + 10 ms. Against it, five interleaved
+pairs of ``python bench/isolation.py --quick`` put the quiet orgs'
+worker-queue p99 under the larger burst at 9-12 ms instead of 19-42, and
+7.6 of 12 orgs within their bound on average instead of 5.2; six pairs of
+``bench/gpu_feed.py --quick`` kept one worker as busy (0.91-0.95 against
+0.89-0.96) at the same rate (``docs/benchmarks.md``).
+
 Pure: no clock, no I/O.
 """
 
@@ -45,7 +56,7 @@ from collections.abc import Sequence
 __all__ = ["lead_s", "release_delay_s", "release_step"]
 
 #: The lead's defaults: ``factor`` x the round trip + ``margin_s``.
-FACTOR, MARGIN_S = 1.5, 0.010
+FACTOR, MARGIN_S = 1.0, 0.005
 
 
 def lead_s(round_trip_ms: float | None, *, factor: float = FACTOR,
