@@ -74,14 +74,17 @@ class Scheduler:
         self.lanes[endpoint].remove(e)
         return e
 
-    def next_batch(self, endpoint: str, now: float, *, in_run_order: bool = False) -> Dispatch:
+    def next_batch(self, endpoint: str, now: float, *, in_run_order: bool = False,
+                   fresh: bool = False) -> Dispatch:
         """Expire what is due on ``endpoint``, then take its next batch (maybe empty).
 
         ``in_run_order``: the batch in the order to run it
         (:func:`scheduler.batch_order.run_order`; FIFO keeps arrival order),
-        else in the order the lane chose it.
+        else in the order the lane chose it. ``fresh``: an express batch, one
+        request of each org that came in with nothing held and was not served
+        since (:meth:`has_fresh`).
         """
-        d = self.lanes[endpoint].next_batch(now)
+        d = self.lanes[endpoint].next_batch(now, fresh=fresh)
         self._forget(d.batch)
         self._forget(d.expired)
         if in_run_order and self.policy != "fifo" and d.batch:
@@ -93,6 +96,12 @@ class Scheduler:
     @property
     def endpoints(self) -> list[str]:
         return list(self.lanes)
+
+    def has_fresh(self, endpoint: str) -> bool:
+        """Does an org wait on ``endpoint``'s lane that came in with nothing held and was
+        not served since (DRR lanes only; :meth:`scheduler.drr.DrrTier.peek_fresh`)?"""
+        lane = self.lanes.get(endpoint)
+        return lane is not None and lane.has_fresh()
 
     def held_in(self, endpoint: str) -> int:
         """Requests held on ``endpoint``'s lane (0 for an unknown endpoint)."""

@@ -50,6 +50,8 @@ class Dispatcher:
     _: KW_ONLY
     instance: str
     watch: Any = None
+    #: Send an express batch (:meth:`batches`) when an org with nothing held comes in.
+    express: bool = True
     epoch: int = field(default=0, init=False)
     _seq: int = field(default=0, init=False)
     #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.
@@ -57,30 +59,50 @@ class Dispatcher:
 
     def batches(self, now: float, *, may: Callable[[], bool],
                 on_expired: Callable[[list[Entry]], None]) -> Iterator[Outgoing]:
-        """Each batch the workers' credit allows now, lane by lane, while ``may()`` holds."""
+        """Each batch the workers' credit allows now, lane by lane, while ``may()`` holds.
+
+        And *express* batches beyond it: when the credit is spent and an org
+        that came in with nothing held waits unserved (a quiet org under a
+        burst: :meth:`scheduler.core.Scheduler.has_fresh`), a batch of one
+        request of each such org goes out at once, and the worker runs it
+        ahead of the batches it holds (:mod:`worker.model_thread`'s urgent
+        calls). Without it the quiet request waits for the batch already
+        queued at the worker, sent a lead before the running one ends, and
+        then for its own full batch: two batches and a lead. With it, for
+        the call in progress and its own short call. Its cost is charged to
+        the org's DRR deficit (ahead of its turn, not beyond its share) and
+        it counts against the worker's credit like any batch; at most one
+        per worker until the worker returns its credit (as it starts it),
+        within its ``slots`` (:meth:`FlowControl.claim`).
+        """
         for endpoint in self.core.endpoints:
             while self.core.held_in(endpoint) > 0 and may():
+                express = False
                 claim = self.flow.claim(endpoint)
+                if claim is None and self.express and self.core.has_fresh(endpoint):
+                    claim = self.flow.claim(endpoint, express=True)
+                    express = claim is not None
                 if claim is None:
                     break
                 if self.watch is not None:
                     self.watch.held(now, endpoint, self.backlog)
-                d = self.core.next_batch(endpoint, now, in_run_order=True)
+                d = self.core.next_batch(endpoint, now, in_run_order=True, fresh=express)
                 if d.expired:
                     on_expired(d.expired)
                 if not d.batch:
                     break
-                yield self._out(now, endpoint, claim.worker, claim.partition, d.batch)
+                yield self._out(now, endpoint, claim.worker, claim.partition, d.batch,
+                                express=express)
 
     def _out(self, now: float, endpoint: str, worker: str, partition: int,
-             entries: list[Entry]) -> Outgoing:
+             entries: list[Entry], *, express: bool = False) -> Outgoing:
         self._seq += 1
         batch = Batch(id=f"{self.instance}-{self._seq}", endpoint=endpoint,
                       requests=[e.payload for e in entries],
                       tokens=sum(e.tokens for e in entries), created_ms=int(now * 1000),
                       worker=worker, epoch=self.epoch,
-                      round_trip_ms=self.flow.round_trip_ms(worker))
-        self.flow.sent(worker, batch.id, now * 1000, batch.tokens)
+                      round_trip_ms=self.flow.round_trip_ms(worker), express=express)
+        self.flow.sent(worker, batch.id, now * 1000, batch.tokens, express=express)
         self.sent_tokens[batch.id] = batch.tokens
         if len(self.sent_tokens) > _SENT_TOKENS_KEPT:
             del self.sent_tokens[next(iter(self.sent_tokens))]

@@ -60,7 +60,7 @@ class OrgQueue:
 class DrrTier:
     """The DRR ring of one tier of one endpoint lane."""
 
-    __slots__ = ("live", "orgs", "quantum", "ring", "rounds", "weight_of")
+    __slots__ = ("fresh", "live", "orgs", "quantum", "ring", "rounds", "weight_of")
 
     def __init__(self, quantum: float, weight_of: Callable[[str], float]):
         self.quantum = quantum
@@ -70,6 +70,9 @@ class DrrTier:
         self.live = 0
         #: Turns granted so far (a "DRR round" per org visit), for metrics.
         self.rounds = 0
+        #: Orgs that joined the ring with nothing held and were not served since,
+        #: by name, in the order they came (:meth:`peek_fresh`).
+        self.fresh: dict[str, OrgQueue] = {}
 
     def push(self, e: Entry) -> None:
         q = self.orgs.get(e.org)
@@ -83,6 +86,7 @@ class DrrTier:
             q.deficit = 0.0
             q.in_turn = False
             self.ring.append(q)
+            self.fresh[q.org] = q
 
     def peek(self, cost: Callable[[Entry], float]) -> tuple[OrgQueue, Entry, float] | None:
         """The next request by DRR, without removing it.
@@ -114,8 +118,44 @@ class DrrTier:
         q.deficit -= c
         q.live -= 1
         self.live -= 1
+        self.fresh.pop(q.org, None)
         if q.live == 0:
             self._leave(q)
+
+    def peek_fresh(self, cost: Callable[[Entry], float]) -> tuple[OrgQueue, Entry, float] | None:
+        """The first request of the first org still fresh (None: none), for an express batch.
+
+        An org is fresh from the moment it joins the ring with nothing held
+        until it is first served: the quiet org under a burst, whose request
+        should not wait for the batch already queued at the worker. Taking
+        it (:meth:`take_fresh`) charges its cost to the org's deficit, so
+        the org's next turns in the ring give that much less: ahead of its
+        turn, not beyond its share.
+        """
+        for q in list(self.fresh.values()):
+            e = q.top()
+            if e is not None:
+                return q, e, cost(e)
+            del self.fresh[q.org]  # its requests expired: it waits for new ones like any org
+        return None
+
+    def take_fresh(self, q: OrgQueue, e: Entry, c: float) -> None:
+        """Remove ``e`` (just returned by :meth:`peek_fresh`), charge it, end ``q``'s freshness."""
+        heappop(q.heap)
+        q.deficit -= c
+        q.live -= 1
+        self.live -= 1
+        self.fresh.pop(q.org, None)
+        if q.live == 0:
+            if self.ring[0] is q:
+                self._leave(q)
+            else:
+                self.ring.remove(q)
+                q.in_ring = False
+                q.in_turn = False
+                q.deficit = 0.0
+                q.heap.clear()
+                del self.orgs[q.org]
 
     def discard(self, e: Entry) -> None:
         """Account for ``e`` having expired; its heap slot is dropped lazily."""
@@ -123,6 +163,7 @@ class DrrTier:
         q.live -= 1
         self.live -= 1
         if q.live == 0:
+            self.fresh.pop(q.org, None)
             if self.ring and self.ring[0] is q:
                 # It had the turn: leave now, or a push before the next peek
                 # would find it still at the head and grant it a second turn.
@@ -134,6 +175,7 @@ class DrrTier:
     def _leave(self, q: OrgQueue) -> None:
         # Only ever called for the ring's head.
         self.ring.popleft()
+        self.fresh.pop(q.org, None)
         q.in_ring = False
         q.in_turn = False
         q.deficit = 0.0

@@ -110,6 +110,8 @@ class WorkerSlots:
     tokens: dict[str, int] = field(default_factory=dict)
     #: Measured speed and round trip (:mod:`scheduler.credit`).
     credit: Credit = field(default_factory=Credit)
+    #: Outstanding batches sent beyond the credit (:meth:`FlowControl.claim`'s ``express``).
+    express: set[str] = field(default_factory=set)
     #: Round-robin position in ``partitions``.
     next_partition: int = 0
     #: When we last sent it a batch (ms), for spreading ties.
@@ -262,10 +264,17 @@ class FlowControl:
             return max(0, w.slots - len(w.outstanding))
         return w.free
 
-    def has_room(self, w: WorkerSlots) -> bool:
-        """May one more batch go to ``w`` now (count, then credit)?"""
+    def has_room(self, w: WorkerSlots, *, express: bool = False) -> bool:
+        """May one more batch go to ``w`` now (count, then credit)?
+
+        ``express``: the credit aside, while ``w`` has no other express batch
+        whose credit it has not returned (``slots`` still caps the count).
+        """
         if self.free_count(w) <= 0 or not w.usable:
             return False
+        if express:
+            w.express.intersection_update(w.outstanding)
+            return self.mode == "credit" and not w.express.difference(w.released)
         if self.mode == "slots":
             return True
         full = self.full_batch_tokens.get(w.endpoint, 0)
@@ -280,18 +289,21 @@ class FlowControl:
     def free_slots(self, endpoint: str) -> int:
         return sum(self.free_count(w) for w in self.free_workers(endpoint))
 
-    def claim(self, endpoint: str) -> Claim | None:
+    def claim(self, endpoint: str, *, express: bool = False) -> Claim | None:
         """The worker and partition for ``endpoint``'s next batch, or None if none is free.
 
         Choosing has no effect until :meth:`sent` confirms a batch went there,
-        except that the worker's partition turn advances.
+        except that the worker's partition turn advances. ``express``: one
+        batch beyond a worker's credit (``mode="credit"`` only), one such
+        batch per worker until it returns that one's credit
+        (:meth:`has_room`); :meth:`sent` must be told it too.
         """
         best: WorkerSlots | None = None
         best_key = (0, 0.0)
         best_parts: list[int] = []
         for w in self._by_endpoint.get(endpoint, {}).values():
             key = (self.free_count(w), -w.last_sent_ms)
-            if (best is not None and key <= best_key) or not self.has_room(w):
+            if (best is not None and key <= best_key) or not self.has_room(w, express=express):
                 continue
             parts = self.owned(w)
             if parts:
@@ -302,7 +314,8 @@ class FlowControl:
         best.next_partition = i + 1
         return Claim(best.worker, best_parts[i])
 
-    def sent(self, worker: str, batch_id: str, now_ms: float, tokens: int = 0) -> None:
+    def sent(self, worker: str, batch_id: str, now_ms: float, tokens: int = 0, *,
+             express: bool = False) -> None:
         """Count ``batch_id`` (of ``tokens``) outstanding on ``worker`` from now on."""
         w = self.workers.get(worker)
         if w is None:
@@ -310,6 +323,8 @@ class FlowControl:
         w.last_sent_ms = now_ms
         self._add(w, batch_id, now_ms)
         w.tokens[batch_id] = tokens
+        if express:
+            w.express.add(batch_id)
 
     def done(self, batch_id: str) -> str | None:
         """Free ``batch_id``'s slot wherever it is outstanding; returns that worker."""
@@ -386,6 +401,7 @@ class FlowControl:
     def _forget(self, w: WorkerSlots, batch_id: str) -> None:
         w.outstanding.pop(batch_id, None)
         w.tokens.pop(batch_id, None)
+        w.express.discard(batch_id)
         if self._batch_owner.get(batch_id) == w.worker:
             del self._batch_owner[batch_id]
 
@@ -400,6 +416,7 @@ class FlowControl:
         if owner is not None:
             self.workers[owner].outstanding.pop(batch_id, None)
             self.workers[owner].tokens.pop(batch_id, None)
+            self.workers[owner].express.discard(batch_id)
         return owner
 
     def _remove(self, w: WorkerSlots, reason: str) -> LostWorker:

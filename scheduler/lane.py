@@ -102,20 +102,25 @@ class _LaneBase:
         self._account(e, -1)
         self._discard(e)
 
-    def next_batch(self, now: float) -> Dispatch:
-        """Expire what is due, then assemble the next batch within the endpoint's budgets."""
+    def next_batch(self, now: float, *, fresh: bool = False) -> Dispatch:
+        """Expire what is due, then assemble the next batch within the endpoint's budgets.
+
+        ``fresh``: an express batch, one request of each fresh org
+        (:meth:`scheduler.drr.DrrTier.peek_fresh`) of the highest tier with work.
+        """
         expired = self.expire(now)
         ep = self.endpoint
         batch: list[Entry] = []
         tokens = 0
+        peek, take = (self._peek_fresh, self._take_fresh) if fresh else (self._peek, self._take)
         while len(batch) < ep.max_batch_size:
-            pick = self._peek()
+            pick = peek()
             if pick is None:
                 break
             e = pick[0]
             if batch and tokens + e.tokens > ep.max_batch_tokens:
                 break
-            self._take(pick)
+            take(pick)
             e.state = DISPATCHED
             self._account(e, -1)
             tokens += e.tokens
@@ -193,6 +198,16 @@ class _LaneBase:
     def rounds(self) -> int:
         return 0
 
+    def has_fresh(self) -> bool:
+        """Does an org of the highest tier with work have a request and no service yet?"""
+        return False
+
+    def _peek_fresh(self):
+        return None
+
+    def _take_fresh(self, pick) -> None:
+        raise NotImplementedError
+
     def stats(self) -> LaneStats:
         return LaneStats(self.held, dict(self.held_tokens), dict(self.held_count), self.rounds())
 
@@ -229,6 +244,9 @@ class Lane(_LaneBase):
     def _take(self, pick) -> None:
         e, i, q, c = pick
         self.tiers[i].take(q, e, c)
+        self._share_credit(i, c)
+
+    def _share_credit(self, i: int, c: float) -> None:
         for j in self._shared:
             if self.tiers[j].live:
                 self.credit[j] += self.min_share[j] * c
@@ -245,6 +263,25 @@ class Lane(_LaneBase):
 
     def rounds(self) -> int:
         return sum(t.rounds for t in self.tiers)
+
+    def has_fresh(self) -> bool:
+        for t in self.tiers:
+            if t.live:
+                return bool(t.fresh)
+        return False
+
+    def _peek_fresh(self):
+        # Strict tiers: only the highest tier with work may go ahead.
+        for i, t in enumerate(self.tiers):
+            if t.live:
+                pick = t.peek_fresh(self.cost.cost)
+                return None if pick is None else (pick[1], i, pick[0], pick[2])
+        return None
+
+    def _take_fresh(self, pick) -> None:
+        e, i, q, c = pick
+        self.tiers[i].take_fresh(q, e, c)
+        self._share_credit(i, c)
 
     def _entries(self) -> Iterable[Entry]:
         for t in self.tiers:

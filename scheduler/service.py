@@ -158,9 +158,9 @@ class SchedulerService(Service):
         self._intake_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
         self.dispatcher = Dispatcher(self.core, self.flow, self.backlog, instance=self.instance,
-                                     watch=self.fairness)
-        self.totals = {"received": 0, "dispatched": 0, "batches": 0, "expired": 0,
-                       "invalid": 0, "duplicates": 0}
+                                     watch=self.fairness, express=self.settings.express_batches)
+        self.totals = {"received": 0, "dispatched": 0, "batches": 0, "express_batches": 0,
+                       "expired": 0, "invalid": 0, "duplicates": 0}
         self.intake = TierIntake(config, self.topics, self.core, self.backlog, self.metrics,
                                  self.totals, self._wake,
                                  max_poll_records=self.settings.max_poll_records)
@@ -490,6 +490,8 @@ class SchedulerService(Service):
         ep = self.config.endpoints.get(endpoint)
         m = self.metrics
         m.batches.labels(endpoint).inc()
+        if batch.express:
+            self.totals["express_batches"] += 1
         m.batch_requests.labels(endpoint).observe(len(entries))
         if ep is not None:
             m.batch_fill.labels(endpoint).observe(batch.tokens / ep.max_batch_tokens)

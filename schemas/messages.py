@@ -182,9 +182,14 @@ class Batch(Message, kw_only=True):
     epoch: Int64 = 0
     #: The scheduler's estimate of the round trip to this worker (its report
     #: out, the next batch back; ms), None until measured: the worker returns
-    #: the batch's credit about this long (x 1.5, + 10 ms) before the batch's
+    #: the batch's credit about this long (+ 5 ms) before the batch's
     #: expected end (:mod:`worker.credit_return`).
     round_trip_ms: float | None = None
+    #: Sent beyond the worker's credit because an org with nothing held came
+    #: in after the batch queued at the worker had gone out
+    #: (:mod:`scheduler.dispatch`): the worker runs its minority head next,
+    #: ahead of the batches it already holds (:mod:`worker.execute`).
+    express: bool = False
 
 
 Status = Literal["ok", "rejected", "expired", "invalid", "failed"]

@@ -245,12 +245,14 @@ class BatchExecutor:
     async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
                           on_start: OnStart | None = None, expect_s: float | None = None,
                           on_begin: Callable[[Job | None], None] | None = None,
-                          follows: Job | None = None, **kwargs) -> tuple[Any, float]:
+                          follows: Job | None = None, urgent: bool = False,
+                          **kwargs) -> tuple[Any, float]:
         """A model call and the seconds it had the model (its time in the queue excluded).
 
         Handed to the model's thread at once (:mod:`worker.model_thread`),
         as the continuation of ``follows`` if given: it runs there after the
-        calls ahead of it, back to back with them. As it begins, on the
+        calls ahead of it, back to back with them; ``urgent``: ahead of every
+        call not started (an express batch's head). As it begins, on the
         loop: ``on_start`` told ``expect_s``, the call's expected seconds (a
         batch's credit returns then, not while its last call still waits
         behind another batch's); the ``started_ms`` of the requests in
@@ -287,7 +289,7 @@ class BatchExecutor:
             finally:
                 held.append(time.perf_counter() - t0)
 
-        job = self._thread.submit(call, follows=follows)
+        job = self._thread.submit(call, follows=follows, urgent=urgent)
         try:
             out = await job.future
         except asyncio.CancelledError:
@@ -326,7 +328,8 @@ class BatchExecutor:
                               [pending[owner[k][0]].req.org for k in live],
                               max_padded_tokens=self.max_padded_tokens,
                               max_size=self.max_size,
-                              max_seq_length=model.max_seq_length, window=self.window)
+                              max_seq_length=model.max_seq_length, window=self.window,
+                              express=batch.express)
 
         def group(n: int) -> list[int]:
             # Texts of a request that already failed are not worth computing.
@@ -370,7 +373,8 @@ class BatchExecutor:
                     continue
                 calls.append(asyncio.ensure_future(self._encode_group(
                     model, texts, lengths, idx, owner, pending, on_start=release_at(n),
-                    on_begin=functools.partial(ask, n + 1), follows=follows)))
+                    on_begin=functools.partial(ask, n + 1), follows=follows,
+                    urgent=batch.express and n == 0)))
 
         try:
             for n in range(len(plan)):
@@ -467,31 +471,32 @@ class BatchExecutor:
     async def _encode_group(self, model: Embedder, texts, lengths, idx: list[int], owner,
                             pending: list[_Pending], on_start: OnStart | None = None,
                             on_begin: Callable[[Job | None], None] | None = None,
-                            follows: Job | None = None) -> list[int]:
+                            follows: Job | None = None, urgent: bool = False) -> list[int]:
         """Encode one micro-batch, a model call per option set; on a model error,
         each request's texts alone. ``on_start`` runs as its first call gets the
-        model; the first call follows ``follows`` (:meth:`_timed_call`)."""
+        model; the first call follows ``follows``, or goes ahead of every call
+        not started if ``urgent`` (:meth:`_timed_call`)."""
         touched = sorted({owner[k][0] for k in idx})
         calls: dict[EncodeOptions, list[int]] = {}
         for k in idx:
             calls.setdefault(pending[owner[k][0]].options, []).append(k)
         for options, ks in calls.items():
             await self._encode_call(model, texts, lengths, ks, options, owner, pending,
-                                    on_start, on_begin, follows)
-            follows = None  # the next call is handed over after this one ended
+                                    on_start, on_begin, follows, urgent)
+            follows, urgent = None, False  # the next call is handed over after this one ended
         return touched
 
     async def _encode_call(self, model: Embedder, texts, lengths, idx: list[int],
                            options: EncodeOptions, owner, pending: list[_Pending],
                            on_start: OnStart | None = None,
                            on_begin: Callable[[Job | None], None] | None = None,
-                           follows: Job | None = None) -> None:
+                           follows: Job | None = None, urgent: bool = False) -> None:
         extra = _encode_kwargs(options)
         try:
             out, seconds = await self._timed_call(
                 model.encode, [texts[k] for k in idx], lengths=[lengths[k] for k in idx],
                 started=[pending[i] for i in sorted({owner[k][0] for k in idx})],
-                on_start=on_start, on_begin=on_begin, follows=follows,
+                on_start=on_start, on_begin=on_begin, follows=follows, urgent=urgent,
                 expect_s=self._expect_s([min(lengths[k], model.max_seq_length) for k in idx]),
                 **extra)
         except Exception:  # noqa: BLE001 - retried request by request below

@@ -15,7 +15,9 @@ as the one before it ended: a call handed over as the *continuation* of a
 running call (``follows``) takes its place in the order when that call
 ends. A newer batch's call handed over meanwhile goes first: a quiet
 request at the head of a newer batch does not wait for the rest of an
-older one, only for the call in progress.
+older one, only for the call in progress. An *urgent* call (an express
+batch's head, :mod:`scheduler.dispatch`) goes before every call not
+started, urgent ones among themselves in the order handed over.
 
 One thread, not a pool: torch's per-thread settings (its intra-op thread
 count) are made once, in ``setup``, for every call.
@@ -43,8 +45,9 @@ class Job:
         self.follows = follows
         self._loop = loop
         self.future: asyncio.Future = loop.create_future()
-        #: Its place in the order; None while the call it follows still runs.
-        self.key: int | None = None
+        #: Its place in the order (urgent first, then as handed over); None
+        #: while the call it follows still runs.
+        self.key: tuple[int, int] | None = None
         self.ended = False
 
     def settle(self, value: Any = None, error: BaseException | None = None, *,
@@ -81,14 +84,16 @@ class ModelThread:
     async def __call__(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         return await self.submit(lambda: fn(*args, **kwargs)).future
 
-    def submit(self, call: Callable[[], Any], *, follows: Job | None = None) -> Job:
-        """Queue ``call``; as ``follows``' continuation if that call has not ended yet."""
+    def submit(self, call: Callable[[], Any], *, follows: Job | None = None,
+               urgent: bool = False) -> Job:
+        """Queue ``call``; as ``follows``' continuation if that call has not ended yet;
+        ``urgent``: ahead of every call not started (a continuation is never urgent)."""
         job = Job(call, follows, asyncio.get_running_loop())
         with self._cv:
             if self._stopping:
                 raise RuntimeError("the model's thread was closed")
             if follows is None or follows.ended:
-                job.key = next(self._order)
+                job.key = (0 if urgent and follows is None else 1, next(self._order))
             self._queue.append(job)
             self._cv.notify()
         return job
@@ -121,7 +126,7 @@ class ModelThread:
             job.ended = True
             for j in self._queue:
                 if j.follows is job and j.key is None:
-                    j.key = next(self._order)
+                    j.key = (1, next(self._order))
 
     def _run(self) -> None:
         broken: BaseException | None = None

@@ -1,0 +1,231 @@
+"""Express batches: a quiet org that comes in under a burst does not wait for the queued batch.
+
+The pure parts, each on its own: the DRR ring's fresh orgs (scheduler/drr.py),
+the lane's express batch (scheduler/lane.py), the express claim
+(scheduler/flow.py), the dispatcher putting them together
+(scheduler/dispatch.py), the model thread's urgent calls
+(worker/model_thread.py) and an express batch's head (worker/microbatch.py).
+"""
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.core import Scheduler
+from scheduler.dispatch import Dispatcher
+from scheduler.drr import DrrTier
+from scheduler.entry import Entry
+from scheduler.flow import FlowControl
+from scheduler.snapshot import Backlog
+from schemas.build import build_config
+from schemas.messages import AdmittedRequest, EmbedInput, WorkerEvent
+from tests.unit.test_model_thread import gated, held_open
+from worker.microbatch import plan_with_head
+from worker.model_thread import ModelThread
+
+CONFIG = build_config(worker_slots=4, orgs={"bulk": "free", "quiet": "free", "calm": "free"},
+                      endpoints={"embed": {"quantum": 4, "max_batch_tokens": 8,
+                                           "max_batch_size": 4, "max_request_tokens": 4}}).config
+
+
+def _entry(i: int, org: str, tokens: int = 2) -> Entry:
+    req = AdmittedRequest(id=f"r{i}", org=org, endpoint="embed", tier="free",
+                          input=EmbedInput(texts=["x"]), tokens=tokens, created_ms=1,
+                          admitted_ms=1, reply_to="sf.results")
+    return Entry(req.id, org, "free", tokens, arrival=i, payload=req)
+
+
+def _cost(e: Entry) -> float:
+    return float(e.tokens)
+
+
+# -- the ring's fresh orgs -----------------------------------------------------
+
+
+def test_an_org_is_fresh_from_joining_until_first_served():
+    t = DrrTier(quantum=4, weight_of=lambda org: 1.0)
+    for i in range(3):
+        t.push(_entry(i, "bulk"))
+    q, e, c = t.peek(_cost)
+    t.take(q, e, c)
+    assert list(t.fresh) == []                       # bulk was served: not fresh
+    t.push(_entry(10, "quiet"))
+    t.push(_entry(11, "quiet"))
+    assert list(t.fresh) == ["quiet"]
+    q, e, c = t.peek_fresh(_cost)
+    assert (q.org, e.id) == ("quiet", "r10")
+    t.take_fresh(q, e, c)
+    assert list(t.fresh) == [] and t.peek_fresh(_cost) is None
+    assert t.orgs["quiet"].deficit == -2             # charged ahead of its turn
+    assert t.live == 3
+
+
+def test_an_org_emptied_by_an_express_take_leaves_the_ring_from_its_middle():
+    t = DrrTier(quantum=4, weight_of=lambda org: 1.0)
+    t.push(_entry(0, "bulk"))
+    t.push(_entry(1, "quiet"))
+    t.push(_entry(2, "calm"))
+    q, e, c = t.peek_fresh(_cost)
+    assert q.org == "bulk"                           # every joiner is fresh, in order
+    t.take(*t.peek(_cost))                           # bulk served by the ring: not fresh
+    q, e, c = t.peek_fresh(_cost)
+    assert q.org == "quiet"
+    t.take_fresh(q, e, c)
+    assert "quiet" not in t.orgs and [x.org for x in t.ring] == ["calm"]
+    # It comes back fresh.
+    t.push(_entry(3, "quiet"))
+    assert list(t.fresh) == ["calm", "quiet"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["push", "take", "fresh"]),
+                          st.sampled_from(["bulk", "quiet", "calm"])), max_size=60))
+def test_every_request_leaves_the_ring_once_whatever_mix_of_turns_and_express_takes(ops):
+    """Nothing lost, nothing twice: pushes, regular takes and express takes in any order."""
+    t = DrrTier(quantum=4, weight_of=lambda org: 1.0)
+    pushed, taken = [], []
+    for n, (op, org) in enumerate(ops):
+        if op == "push":
+            e = _entry(n, org)
+            t.push(e)
+            pushed.append(e.id)
+        else:
+            pick = t.peek(_cost) if op == "take" else t.peek_fresh(_cost)
+            if pick is not None:
+                (t.take if op == "take" else t.take_fresh)(*pick)
+                taken.append(pick[1].id)
+    while (pick := t.peek(_cost)) is not None:
+        t.take(*pick)
+        taken.append(pick[1].id)
+    assert sorted(taken) == sorted(pushed) and len(set(taken)) == len(taken)
+    assert t.live == 0 and not t.ring and not t.orgs and not t.fresh
+
+
+# -- the dispatcher ------------------------------------------------------------
+
+
+def _setup(policy="drr", express=True):
+    core = Scheduler(CONFIG, policy)
+    flow = FlowControl(10_000, mode="credit", full_batch_tokens={"embed": 8})
+    backlog = Backlog()
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0, 1],
+                             slots=4, free_slots=4, sent_ms=1000), 1000)
+    return core, flow, backlog, Dispatcher(core, flow, backlog, instance="s1", express=express)
+
+
+def _hold(core, backlog, entries):
+    for e in entries:
+        core.push("embed", e)
+        backlog.add("embed", e.tier, e.org, e.tokens)
+
+
+def _dispatch(disp, now=1.0):
+    return list(disp.batches(now, may=lambda: True, on_expired=list))
+
+
+def test_a_quiet_org_under_a_burst_goes_out_alone_in_an_express_batch():
+    core, flow, backlog, disp = _setup()
+    _hold(core, backlog, [_entry(i, "bulk") for i in range(12)])
+    first = _dispatch(disp)
+    # Not measured yet: one batch at a time, so the credit is spent.
+    assert [len(o.entries) for o in first] == [4] and not first[0].batch.express
+    assert _dispatch(disp) == []
+    _hold(core, backlog, [_entry(20, "quiet"), _entry(21, "quiet"), _entry(30, "calm")])
+    out = _dispatch(disp)
+    assert len(out) == 1 and out[0].batch.express
+    assert [e.id for e in out[0].entries] == ["r20", "r30"]   # one of each fresh org
+    assert flow.outstanding(out[0].batch.id) == "w"
+    # One express batch at a time per worker: a newcomer now waits.
+    _hold(core, backlog, [_entry(40, "quiet")])
+    assert core.has_fresh("embed") is False                  # quiet was served, holds r21
+    _hold(core, backlog, [_entry(50, "other")])
+    assert core.has_fresh("embed") and _dispatch(disp) == []
+    # The worker returns the express batch's credit as it starts it: room for the next.
+    express_id = out[0].batch.id
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="heartbeat", partitions=[0, 1],
+                             slots=4, free_slots=2, sent_ms=1100,
+                             in_flight=[first[0].batch.id, express_id],
+                             released=[express_id]), 1100)
+    again = _dispatch(disp, 1.1)
+    assert len(again) == 1 and again[0].batch.express
+    assert [e.id for e in again[0].entries] == ["r50"]
+
+
+def test_no_express_batch_while_the_credit_has_room_or_when_switched_off_or_fifo():
+    core, flow, backlog, disp = _setup()
+    _hold(core, backlog, [_entry(1, "quiet")])
+    out = _dispatch(disp)                                     # room: a regular batch
+    assert len(out) == 1 and not out[0].batch.express
+    for policy, express in (("drr", False), ("fifo", True)):
+        core, _flow, backlog, disp = _setup(policy, express)
+        _hold(core, backlog, [_entry(i, "bulk") for i in range(8)])
+        assert len(_dispatch(disp)) == 1
+        _hold(core, backlog, [_entry(20, "quiet")])
+        assert _dispatch(disp) == [], (policy, express)
+
+
+def test_express_needs_a_free_slot_and_credit_mode():
+    flow = FlowControl(10_000, mode="credit", full_batch_tokens={"embed": 8})
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
+                             slots=1, free_slots=1, sent_ms=1000), 1000)
+    flow.sent("w", "b1", 1000, 8)
+    assert flow.claim("embed", express=True) is None          # its one slot is taken
+    flow = FlowControl(10_000, mode="slots", full_batch_tokens={"embed": 8})
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
+                             slots=2, free_slots=2, sent_ms=1000), 1000)
+    flow.sent("w", "b1", 1000, 8)
+    flow.sent("w", "b2", 1000, 8)
+    assert flow.claim("embed", express=True) is None
+
+
+# -- the worker ----------------------------------------------------------------
+
+
+async def test_an_urgent_call_runs_before_the_calls_waiting_but_after_the_one_running():
+    log: list[str] = []
+    t = ModelThread()
+    a0, gate = await held_open(t, log, "a0")
+    b0 = t.submit(gated(log, "b0"))
+    a1 = t.submit(gated(log, "a1"), follows=a0)
+    e0 = t.submit(gated(log, "e0"), urgent=True)
+    f0 = t.submit(gated(log, "f0"), urgent=True)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(a0.future, b0.future, a1.future, e0.future,
+                                          f0.future), 10)
+    assert log == ["a0", "e0", "f0", "b0", "a1"]
+    t.close()
+
+
+def test_an_express_batch_runs_what_comes_before_its_largest_org_on_its_own():
+    kw = {"max_padded_tokens": 1000, "max_size": 64}
+    lengths = [10] * 6
+    keys = ["q", "c", "b", "b", "b", "b"]
+    assert plan_with_head(lengths, keys, **kw) == [[0, 1, 2, 3, 4, 5]]
+    assert plan_with_head(lengths, keys, express=True, **kw) == [[0, 1], [2, 3, 4, 5]]
+    # One request per org (an express batch of fresh orgs): one call.
+    assert plan_with_head([10, 10], ["q", "c"], express=True, **kw) == [[0, 1]]
+
+
+def test_an_express_batch_comes_only_from_the_highest_tier_with_work():
+    """Strict tiers: a fresh org of a lower tier does not go ahead of a higher tier's work."""
+    config = build_config(orgs={"bulk": "gold", "quiet": "free", "calm": "gold"},
+                          endpoints={"embed": {"quantum": 4, "max_batch_tokens": 8,
+                                               "max_batch_size": 4,
+                                               "max_request_tokens": 4}}).config
+    core = Scheduler(config)
+
+    def entry(i, org, tier):
+        e = _entry(i, org)
+        e.tier = tier
+        return e
+
+    for i in range(6):
+        core.push("embed", entry(i, "bulk", "gold"))
+    assert [e.org for e in core.next_batch("embed", 1.0).batch] == ["bulk"] * 4
+    core.push("embed", entry(10, "quiet", "free"))
+    assert not core.has_fresh("embed")
+    assert core.next_batch("embed", 1.0, fresh=True).batch == []
+    core.push("embed", entry(11, "calm", "gold"))
+    assert core.has_fresh("embed")
+    assert [e.id for e in core.next_batch("embed", 1.0, fresh=True).batch] == ["r11"]
