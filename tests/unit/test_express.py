@@ -153,7 +153,7 @@ def test_a_quiet_org_under_a_burst_goes_out_alone_in_an_express_batch():
 
 
 def test_no_express_batch_while_the_credit_has_room_or_when_switched_off_or_fifo():
-    core, flow, backlog, disp = _setup()
+    core, _flow, backlog, disp = _setup()
     _hold(core, backlog, [_entry(1, "quiet")])
     out = _dispatch(disp)                                     # room: a regular batch
     assert len(out) == 1 and not out[0].batch.express
