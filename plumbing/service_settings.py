@@ -99,10 +99,11 @@ class SchedulerSettings(ServiceSettings, frozen=True):
         "Producer linger for batches and results. 0: a batch goes out the moment a "
         "worker has credit.", ge=0)] = 0
     express_batches: Annotated[bool, doc(
-        "When an org with nothing held comes in and the workers' credit is spent, send "
-        "one batch beyond it, whose minority head the worker runs next "
-        "(scheduler/dispatch.py): a quiet org waits for the call in progress, not for "
-        "the batch queued behind it. DRR only; one per worker at a time.")] = True
+        "When the workers' credit is spent and an org that came in with nothing held "
+        "waits, send one batch beyond it of one request of each such org, which the "
+        "worker runs next (scheduler/dispatch.py): a quiet org waits for the model call "
+        "in progress, not for the batch queued behind it. DRR only; one per worker at a "
+        "time.")] = True
     leader_session_timeout_ms: Annotated[int | None, doc(
         "Session of the leader group: a crashed leader is replaced about this long "
         "(Tansu: ~1.5x) plus two group joins after it died; unset: the Kafka session "

@@ -234,8 +234,13 @@ class FlowControl:
             # Our clock from sending to reading the report, less the worker's own time.
             round_trip = now_ms - owner.outstanding[ev.batch_id] - ev.held_ms
         service_ms = ev.service_ms or ev.inference_ms
-        reporter.credit.observe(tokens=ev.batch_tokens, service_ms=service_ms,
-                                round_trip_ms=round_trip)
+        # An express batch is a request or two: its call's fixed cost over so few
+        # tokens would read as a slower worker and starve it of credit
+        # (bench/gpu_feed.py: the model idle 487-607 ms of a burst against
+        # 151-232). Its round trip counts; its speed does not.
+        express = owner is not None and ev.batch_id in owner.express
+        reporter.credit.observe(tokens=0 if express else ev.batch_tokens,
+                                service_ms=service_ms, round_trip_ms=round_trip)
 
     def _set_partitions(self, w: WorkerSlots, partitions: list[int], seen: float) -> None:
         parts = sorted(set(partitions))

@@ -229,3 +229,25 @@ def test_an_express_batch_comes_only_from_the_highest_tier_with_work():
     core.push("embed", entry(11, "calm", "gold"))
     assert core.has_fresh("embed")
     assert [e.id for e in core.next_batch("embed", 1.0, fresh=True).batch] == ["r11"]
+
+
+def test_an_express_batch_reports_its_round_trip_but_not_its_speed():
+    """Its call's fixed cost over a request or two would read as a slow worker."""
+    flow = FlowControl(10_000, mode="credit", full_batch_tokens={"embed": 8})
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
+                             slots=4, free_slots=4, sent_ms=1000), 1000)
+
+    def done(batch_id: str, tokens: int, service_ms: float, now_ms: int) -> None:
+        flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done",
+                                 partitions=[0], slots=4, free_slots=4, sent_ms=now_ms,
+                                 batch_id=batch_id, batch_tokens=tokens,
+                                 service_ms=service_ms, held_ms=service_ms), now_ms)
+
+    flow.sent("w", "b1", 1000, 800)
+    done("b1", 800, 8.0, 1020)
+    credit = flow.workers["w"].credit
+    assert credit.ms_per_token == 0.01 and credit.round_trip_ms == 12.0
+    flow.sent("w", "e1", 1100, 8, express=True)
+    done("e1", 8, 2.0, 1116)                                  # 0.25 ms a token, if it counted
+    assert credit.ms_per_token == 0.01
+    assert credit.round_trip_ms != 12.0                       # its round trip did count
