@@ -113,7 +113,7 @@ class DrrTier:
         return None
 
     def take(self, q: OrgQueue, e: Entry, c: float) -> None:
-        """Remove ``e`` (just returned by :meth:`peek`) and charge its cost."""
+        """Remove ``e`` (just returned by :meth:`peek` or :meth:`peek_fresh`) and charge its cost."""
         heappop(q.heap)
         q.deficit -= c
         q.live -= 1
@@ -128,7 +128,7 @@ class DrrTier:
         An org is fresh from the moment it joins the ring with nothing held
         until it is first served: the quiet org under a burst, whose request
         should not wait for the batch already queued at the worker. Taking
-        it (:meth:`take_fresh`) charges its cost to the org's deficit, so
+        it (:meth:`take`, as any pick) charges its cost to the org's deficit, so
         the org's next turns in the ring give that much less: ahead of its
         turn, not beyond its share.
         """
@@ -138,24 +138,6 @@ class DrrTier:
                 return q, e, cost(e)
             del self.fresh[q.org]  # its requests expired: it waits for new ones like any org
         return None
-
-    def take_fresh(self, q: OrgQueue, e: Entry, c: float) -> None:
-        """Remove ``e`` (just returned by :meth:`peek_fresh`), charge it, end ``q``'s freshness."""
-        heappop(q.heap)
-        q.deficit -= c
-        q.live -= 1
-        self.live -= 1
-        self.fresh.pop(q.org, None)
-        if q.live == 0:
-            if self.ring[0] is q:
-                self._leave(q)
-            else:
-                self.ring.remove(q)
-                q.in_ring = False
-                q.in_turn = False
-                q.deficit = 0.0
-                q.heap.clear()
-                del self.orgs[q.org]
 
     def discard(self, e: Entry) -> None:
         """Account for ``e`` having expired; its heap slot is dropped lazily."""
@@ -173,8 +155,12 @@ class DrrTier:
                 q.in_turn = False
 
     def _leave(self, q: OrgQueue) -> None:
-        # Only ever called for the ring's head.
-        self.ring.popleft()
+        # The ring's head, but for an org emptied by an express take (peek_fresh),
+        # which may stand anywhere in it.
+        if self.ring[0] is q:
+            self.ring.popleft()
+        else:
+            self.ring.remove(q)
         self.fresh.pop(q.org, None)
         q.in_ring = False
         q.in_turn = False

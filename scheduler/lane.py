@@ -112,7 +112,7 @@ class _LaneBase:
         ep = self.endpoint
         batch: list[Entry] = []
         tokens = 0
-        peek, take = (self._peek_fresh, self._take_fresh) if fresh else (self._peek, self._take)
+        peek = self._peek_fresh if fresh else self._peek
         while len(batch) < ep.max_batch_size:
             pick = peek()
             if pick is None:
@@ -120,7 +120,7 @@ class _LaneBase:
             e = pick[0]
             if batch and tokens + e.tokens > ep.max_batch_tokens:
                 break
-            take(pick)
+            self._take(pick)
             e.state = DISPATCHED
             self._account(e, -1)
             tokens += e.tokens
@@ -205,9 +205,6 @@ class _LaneBase:
     def _peek_fresh(self):
         return None
 
-    def _take_fresh(self, pick) -> None:
-        raise NotImplementedError
-
     def stats(self) -> LaneStats:
         return LaneStats(self.held, dict(self.held_tokens), dict(self.held_count), self.rounds())
 
@@ -244,9 +241,6 @@ class Lane(_LaneBase):
     def _take(self, pick) -> None:
         e, i, q, c = pick
         self.tiers[i].take(q, e, c)
-        self._share_credit(i, c)
-
-    def _share_credit(self, i: int, c: float) -> None:
         for j in self._shared:
             if self.tiers[j].live:
                 self.credit[j] += self.min_share[j] * c
@@ -277,11 +271,6 @@ class Lane(_LaneBase):
                 pick = t.peek_fresh(self.cost.cost)
                 return None if pick is None else (pick[1], i, pick[0], pick[2])
         return None
-
-    def _take_fresh(self, pick) -> None:
-        e, i, q, c = pick
-        self.tiers[i].take_fresh(q, e, c)
-        self._share_credit(i, c)
 
     def _entries(self) -> Iterable[Entry]:
         for t in self.tiers:

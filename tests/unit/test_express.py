@@ -55,7 +55,7 @@ def test_an_org_is_fresh_from_joining_until_first_served():
     assert list(t.fresh) == ["quiet"]
     q, e, c = t.peek_fresh(_cost)
     assert (q.org, e.id) == ("quiet", "r10")
-    t.take_fresh(q, e, c)
+    t.take(q, e, c)
     assert list(t.fresh) == [] and t.peek_fresh(_cost) is None
     assert t.orgs["quiet"].deficit == -2             # charged ahead of its turn
     assert t.live == 3
@@ -71,7 +71,7 @@ def test_an_org_emptied_by_an_express_take_leaves_the_ring_from_its_middle():
     t.take(*t.peek(_cost))                           # bulk served by the ring: not fresh
     q, e, c = t.peek_fresh(_cost)
     assert q.org == "quiet"
-    t.take_fresh(q, e, c)
+    t.take(q, e, c)
     assert "quiet" not in t.orgs and [x.org for x in t.ring] == ["calm"]
     # It comes back fresh.
     t.push(_entry(3, "quiet"))
@@ -93,7 +93,7 @@ def test_every_request_leaves_the_ring_once_whatever_mix_of_turns_and_express_ta
         else:
             pick = t.peek(_cost) if op == "take" else t.peek_fresh(_cost)
             if pick is not None:
-                (t.take if op == "take" else t.take_fresh)(*pick)
+                t.take(*pick)
                 taken.append(pick[1].id)
     while (pick := t.peek(_cost)) is not None:
         t.take(*pick)
