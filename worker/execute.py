@@ -328,8 +328,7 @@ class BatchExecutor:
                               [pending[owner[k][0]].req.org for k in live],
                               max_padded_tokens=self.max_padded_tokens,
                               max_size=self.max_size,
-                              max_seq_length=model.max_seq_length, window=self.window,
-                              express=batch.express)
+                              max_seq_length=model.max_seq_length, window=self.window)
 
         def group(n: int) -> list[int]:
             # Texts of a request that already failed are not worth computing.
