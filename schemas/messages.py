@@ -185,10 +185,10 @@ class Batch(Message, kw_only=True):
     #: the batch's credit about this long (+ 5 ms) before the batch's
     #: expected end (:mod:`worker.credit_return`).
     round_trip_ms: float | None = None
-    #: Sent beyond the worker's credit, one request of each org that came in
-    #: with nothing held while the credit was spent (:mod:`scheduler.dispatch`):
-    #: the worker runs its first call next, ahead of the calls of the batches
-    #: it already holds (:mod:`worker.execute`, :mod:`worker.model_thread`).
+    #: Sent beyond the worker's credit because an org with nothing held came
+    #: in after the batch queued at the worker had gone out
+    #: (:mod:`scheduler.dispatch`): the worker runs its minority head next,
+    #: ahead of the batches it already holds (:mod:`worker.execute`).
     express: bool = False
 
 

@@ -328,7 +328,8 @@ class BatchExecutor:
                               [pending[owner[k][0]].req.org for k in live],
                               max_padded_tokens=self.max_padded_tokens,
                               max_size=self.max_size,
-                              max_seq_length=model.max_seq_length, window=self.window)
+                              max_seq_length=model.max_seq_length, window=self.window,
+                              express=batch.express)
 
         def group(n: int) -> list[int]:
             # Texts of a request that already failed are not worth computing.

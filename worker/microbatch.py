@@ -170,6 +170,7 @@ def plan_with_head(
     max_size: int,
     max_seq_length: int | None = None,
     window: int | None = None,
+    express: bool = False,
 ) -> list[list[int]]:
     """:func:`plan_microbatches` in ``"given"`` order, with the minority head run on its own.
 
@@ -177,16 +178,22 @@ def plan_with_head(
     order. The texts ahead of the first text of a key with ``max_size`` or
     more texts are planned as micro-batches of their own, first, when the
     rest still needs ``HEAD_MIN_REST_CALLS`` micro-batches or more; otherwise this is
-    :func:`plan_microbatches` of the whole. Every index appears exactly once.
+    :func:`plan_microbatches` of the whole. ``express`` (an express batch,
+    :mod:`scheduler.dispatch`): the texts ahead of the first text of the key
+    with the most texts, whatever the rest needs. Every index appears exactly once.
     """
     if len(keys) != len(lengths):
         raise ValueError(f"{len(keys)} keys for {len(lengths)} lengths")
     kw = {"max_padded_tokens": max_padded_tokens, "max_size": max_size, "order": "given",
           "max_seq_length": max_seq_length, "window": window}
-    head = minority_head(keys, bulk=max_size)
+    if express:
+        bulk = max(Counter(keys).values(), default=1)
+        head = minority_head(keys, bulk=bulk) if bulk > 1 else 0
+    else:
+        head = minority_head(keys, bulk=max_size)
     if head:
         rest = plan_microbatches(lengths[head:], **kw)
-        if len(rest) >= HEAD_MIN_REST_CALLS:
+        if express or len(rest) >= HEAD_MIN_REST_CALLS:
             return plan_microbatches(lengths[:head], **kw) + [
                 [head + i for i in group] for group in rest]
     return plan_microbatches(lengths, **kw)

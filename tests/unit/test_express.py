@@ -4,7 +4,7 @@ The pure parts, each on its own: the DRR ring's fresh orgs (scheduler/drr.py),
 the lane's express batch (scheduler/lane.py), the express claim
 (scheduler/flow.py), the dispatcher putting them together
 (scheduler/dispatch.py), the model thread's urgent calls
-(worker/model_thread.py).
+(worker/model_thread.py) and an express batch's head (worker/microbatch.py).
 """
 
 import asyncio
@@ -21,6 +21,7 @@ from scheduler.snapshot import Backlog
 from schemas.build import build_config
 from schemas.messages import AdmittedRequest, EmbedInput, WorkerEvent
 from tests.unit.test_model_thread import gated, held_open
+from worker.microbatch import plan_with_head
 from worker.model_thread import ModelThread
 
 CONFIG = build_config(worker_slots=4, orgs={"bulk": "free", "quiet": "free", "calm": "free"},
@@ -194,6 +195,16 @@ async def test_an_urgent_call_runs_before_the_calls_waiting_but_after_the_one_ru
                                           f0.future), 10)
     assert log == ["a0", "e0", "f0", "b0", "a1"]
     t.close()
+
+
+def test_an_express_batch_runs_what_comes_before_its_largest_org_on_its_own():
+    kw = {"max_padded_tokens": 1000, "max_size": 64}
+    lengths = [10] * 6
+    keys = ["q", "c", "b", "b", "b", "b"]
+    assert plan_with_head(lengths, keys, **kw) == [[0, 1, 2, 3, 4, 5]]
+    assert plan_with_head(lengths, keys, express=True, **kw) == [[0, 1], [2, 3, 4, 5]]
+    # One request per org (an express batch of fresh orgs): one call.
+    assert plan_with_head([10, 10], ["q", "c"], express=True, **kw) == [[0, 1]]
 
 
 def test_an_express_batch_comes_only_from_the_highest_tier_with_work():
