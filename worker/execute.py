@@ -236,7 +236,9 @@ class BatchExecutor:
         else:
             for i, req in enumerate(work):
                 last = _Once(self._on_release, batch) if i == len(work) - 1 else None
-                yield [await self._rerank(batch, req, on_start=last)]
+                # An express batch's first call runs next, as an embedding one's does.
+                yield [await self._rerank(batch, req, on_start=last,
+                                          urgent=batch.express and i == 0)]
 
     async def _model_call(self, fn, /, *args, **kwargs):
         """``fn`` run as a model call: after the calls handed over before it."""
@@ -574,7 +576,9 @@ class BatchExecutor:
     # -- rerank ----------------------------------------------------------------
 
     async def _rerank(self, batch: Batch, req: AdmittedRequest,
-                      on_start: OnStart | None = None) -> Served:
+                      on_start: OnStart | None = None, urgent: bool = False) -> Served:
+        """One rerank request, a call per micro-batch; ``urgent``: its first call runs
+        ahead of every call not started (:meth:`_timed_call`)."""
         model: Reranker = self.model  # type: ignore[assignment]
         inp: RerankInput = req.input  # type: ignore[assignment]
         side = truncate_side(inp)
@@ -600,7 +604,9 @@ class BatchExecutor:
             step = model.score_groups(inp.query, documents, plan, lengths=lengths, **extra)
             model_s = 0.0  # the seconds it had the model, not its waits for it
             while True:
-                item, seconds = await self._timed_call(next, step, None, on_start=on_start)
+                item, seconds = await self._timed_call(next, step, None, on_start=on_start,
+                                                       urgent=urgent)
+                urgent = False
                 model_s += seconds
                 if item is None:
                     break

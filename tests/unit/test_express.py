@@ -4,11 +4,15 @@ The pure parts, each on its own: the DRR ring's fresh orgs (scheduler/drr.py),
 the lane's express batch (scheduler/lane.py), the express claim
 (scheduler/flow.py), the dispatcher putting them together
 (scheduler/dispatch.py), the model thread's urgent calls
-(worker/model_thread.py) and an express batch's head (worker/microbatch.py).
+(worker/model_thread.py), the executor handing an express batch's first call
+over as urgent, for embeddings and reranking (worker/execute.py), and an
+express batch's head (worker/microbatch.py).
 """
 
 import asyncio
+import threading
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,8 +23,12 @@ from scheduler.entry import Entry
 from scheduler.flow import FlowControl
 from scheduler.snapshot import Backlog
 from schemas.build import build_config
-from schemas.messages import AdmittedRequest, EmbedInput, WorkerEvent
+from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, WorkerEvent
+from tests.integration.pipeline_setup import until
 from tests.unit.test_model_thread import gated, held_open
+from worker.execute import BatchExecutor
+from worker.fake import FakeEmbedder
+from worker.interface import CosineReranker
 from worker.microbatch import plan_with_head
 from worker.model_thread import ModelThread
 
@@ -195,6 +203,60 @@ async def test_an_urgent_call_runs_before_the_calls_waiting_but_after_the_one_ru
                                           f0.future), 10)
     assert log == ["a0", "e0", "f0", "b0", "a1"]
     t.close()
+
+
+class _Gated(FakeEmbedder):
+    """Takes time: a call whose first text is ``first`` waits in the model's thread
+    until the test opens the gate; every call's first text is logged."""
+
+    instant = False
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+        self.calls: list[str] = []
+
+    def encode(self, texts, **kw):
+        self.calls.append(texts[0])
+        if texts[0] == "first":
+            assert self.gate.wait(10), "the test never opened the gate"
+        return super().encode(texts, **kw)
+
+
+def _one(n: int, text: str, kind: str, *, express: bool = False) -> Batch:
+    inp = (EmbedInput(texts=[text]) if kind == "embed"
+           else RerankInput(query=text, documents=[f"{text} doc"]))
+    req = AdmittedRequest(id=f"r{n}", org=f"o{n}", endpoint="e", tier="free", input=inp,
+                          tokens=2, created_ms=1, admitted_ms=1, reply_to="sf.results")
+    return Batch(id=f"b{n}", endpoint="e", requests=[req], tokens=2, created_ms=1,
+                 express=express)
+
+
+@pytest.mark.parametrize("kind", ["embed", "rerank"])
+async def test_an_express_batchs_first_call_runs_before_a_batch_already_waiting(kind):
+    """The call in progress ends first; then the express batch, then the one queued before it."""
+    embedder = _Gated()
+    model = embedder if kind == "embed" else CosineReranker(embedder, name="gated")
+    ex = BatchExecutor(model, kind, worker="w")
+
+    async def serve(b: Batch) -> None:
+        async for _ in ex.serve(b):
+            pass
+
+    running = asyncio.create_task(serve(_one(1, "first", kind)))
+    await until(lambda: embedder.calls == ["first"], "the first batch's call to start",
+                timeout_s=10)
+    queued = asyncio.create_task(serve(_one(2, "queued", kind)))
+    await until(lambda: len(ex._thread._queue) == 1, "the queued batch's call to wait",
+                timeout_s=10)
+    express = asyncio.create_task(serve(_one(3, "express", kind, express=True)))
+    await until(lambda: len(ex._thread._queue) == 2, "the express batch's call to wait",
+                timeout_s=10)
+    embedder.gate.set()
+    await asyncio.wait_for(asyncio.gather(running, queued, express), 10)
+    firsts = [c for c in embedder.calls if not c.endswith("doc")]
+    assert firsts == ["first", "express", "queued"]
+    ex.close()
 
 
 def test_an_express_batch_runs_what_comes_before_its_largest_org_on_its_own():
