@@ -20,7 +20,10 @@ partition used to wait behind the whole burst at admission; so each
 **layout** (``--layouts``) names the quiet orgs afresh, and every layout
 puts some of them on the bursting org's ingress partition. The table marks
 those orgs (``shares``). ``--shape-org-per-s R`` runs admission with
-``shape_org_per_s = R`` (``producer/shaping.py``; off by default).
+``shape_org_per_s = R`` (``producer/shaping.py``; off by default). Admission
+paces as deployed (``pace_backlog_s``, ``producer/pacing.py``); to measure
+without it, run with ``SF_ADMISSION_PACE_BACKLOG_S=0`` in the environment
+(the services inherit it).
 
 Prints per layout and org: p99 without / with the burst / with the larger
 burst, the margin to the bound, and the quiet orgs' stage split (p99) under

@@ -47,6 +47,14 @@ class AdmissionSettings(ServiceSettings, frozen=True):
         "of filling shared CPUs in its first second (producer/shaping.py, with what it "
         "costs). Set it above what the fleet serves for one org. 0: no shaping.",
         ge=0)] = 0.0
+    pace_backlog_s: Annotated[float, doc(
+        "An org's records wait in the read-ahead, uncommitted, while the scheduler holds "
+        "this many seconds of service for it (its snapshot, the lane's measured rate, plus "
+        "what this instance admitted since): more there would not be served sooner, and "
+        "relaying a burst as fast as it arrives fills shared CPUs in its first second "
+        "(producer/pacing.py, with what it costs). Lanes that serve orgs in turns only "
+        "(not FIFO); nothing is paced without a fresh snapshot. 0: no pacing.",
+        ge=0)] = 1.0
     shape_org_burst: Annotated[int, doc(
         "Records one org may have decided at once before shape_org_per_s applies.",
         ge=1)] = 200

@@ -52,7 +52,8 @@ class AdmissionMetrics:
         )
         self.read_ahead = Gauge(
             "sf_admission_read_ahead_records",
-            "Ingress records fetched and not yet decided: read ahead, and with shaping on "
+            "Ingress records fetched and not yet decided: read ahead, paced (their org's "
+            "backlog at the scheduler is pace_backlog_s or more), and with shaping on "
             "(shape_org_per_s), waiting for their org's allowance.",
             registry=registry,
         )

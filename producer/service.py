@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import math
 import sys
 import time
@@ -78,6 +79,7 @@ from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from producer.admission import Admission, Admitted, DeadLetterReason, Outcome, Refused
 from producer.metrics import AdmissionMetrics, LogSampler
+from producer.pacing import Pacer
 from producer.ratelimit import RateLimiter
 from producer.readahead import ReadAhead
 from producer.shaping import Shaper
@@ -300,17 +302,23 @@ class AdmissionService(Service):
                 await queue.put(None)
             await settler
 
-    def _shaping(self, now: float) -> Shaper | None:
-        """The shaper while it applies: not from half a full read-ahead on, where a burst
-        larger than it holds is decided at full speed again rather than stop the fetches
-        every other org's records wait for; its refilled buckets are let go as it goes."""
-        shaper = self._shaper
-        if shaper is None or 2 * len(self._ahead) >= self.settings.read_ahead_records:
+    def _shaping(self, now: float) -> Shaper | Pacer | None:
+        """The pacer and the shaper, as they apply: not from half a full read-ahead on,
+        where a burst larger than it holds is decided at full speed again rather than
+        stop the fetches every other org's records wait for; the shaper's refilled
+        buckets are let go as it goes. A new pacer each time: it asks each org's
+        backlog once (:mod:`producer.pacing`)."""
+        if 2 * len(self._ahead) >= self.settings.read_ahead_records:
             return None
-        if now >= self._prune_at_s:
+        shaper = self._shaper
+        if shaper is not None and now >= self._prune_at_s:
             shaper.prune(now)
             self._prune_at_s = now + 1.0
-        return shaper
+        limit = self.settings.pace_backlog_s
+        if not limit > 0 or not self.throttle.is_fresh(now_ms := self.now_ms()):
+            return shaper
+        return Pacer(functools.partial(self.throttle.org_backlog_s, now_ms=now_ms), limit,
+                     shaper)
 
     # -- the loop --------------------------------------------------------
 

@@ -166,6 +166,7 @@ def lane_state(
     top_orgs: int,
     in_flight_tokens: int = 0,
     batch_ms: float = 0.0,
+    turns: bool = False,
 ) -> LaneState:
     """The snapshot of one lane for :class:`~schemas.messages.SchedulerState`."""
     return LaneState(
@@ -180,4 +181,5 @@ def lane_state(
         org_held_tokens=backlog.top_orgs(endpoint, top_orgs),
         in_flight_tokens=in_flight_tokens,
         batch_ms=batch_ms,
+        turns=turns,
     )

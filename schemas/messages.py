@@ -318,6 +318,10 @@ class LaneState(Message, kw_only=True):
     #: Measured time of one batch (ms): a request is served when its whole
     #: batch is, so the throttle adds one to the wait (0 = unknown).
     batch_ms: float = 0.0
+    #: The lane serves its orgs in turns (DRR): an org's backlog here delays
+    #: that org only, so admission may pace its records (producer/pacing.py).
+    #: False: in arrival order (FIFO), or a scheduler older than the field.
+    turns: bool = False
 
 
 class FeedbackMark(Message, kw_only=True):

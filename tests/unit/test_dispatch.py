@@ -119,3 +119,14 @@ def test_snapshot_counts_what_is_held_and_what_is_out():
     assert lane.held_tokens_by_tier["free"] == 2 * state.held_requests
     assert lane.in_flight_tokens == sum(o.batch.tokens for o in out)
     assert gauges[0].outstanding == len(out) == 2
+
+
+def test_a_lane_says_whether_it_serves_orgs_in_turns():
+    """Admission paces an org only behind a lane that serves orgs in turns (producer/pacing.py)."""
+    for policy, turns in (("drr", True), ("fifo", False)):
+        core = Scheduler(CONFIG, policy)
+        _, flow, backlog, _ = _setup()
+        disp = Dispatcher(core, flow, backlog, instance="s1")
+        state, _ = snapshot(2.0, core=core, flow=flow, backlog=backlog, rates=ServiceRate(),
+                            dispatcher=disp, epoch=1, top_orgs=5)
+        assert state.lanes["embed"].turns is turns, policy
