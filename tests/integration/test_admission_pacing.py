@@ -5,22 +5,27 @@ backlog drains, every one is forwarded once, in order, and committed."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
-from plumbing.kafka import KafkaSettings, make_producer
+from plumbing.kafka import KafkaSettings
 from producer.service import AdmissionService, AdmissionSettings
 from schemas.codec import codec_for
 from schemas.config import load_config
 from schemas.messages import AdmittedRequest, LaneState, SchedulerState
 from schemas.topics import Topics
-from tests.admission_setup import registry, request_dict
-from tests.integration.test_admission_service import _read, _until
+from tests.admission_setup import registry
+from tests.integration.pipeline_setup import running
+from tests.integration.test_admission_service import (
+    _read,
+    _read_ahead,
+    _send_burst,
+    _until,
+    _until_committed,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -46,33 +51,19 @@ async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_i
         load_config(path), kafka_settings, registry=CollectorRegistry(),
         settings=AdmissionSettings(token_counter="fake", metrics_port=0, config_poll_ms=0,
                                    pace_backlog_s=1.0))
-    await service.start()
-    task = asyncio.create_task(service.run())
-    try:
+    async with running(service):
         await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
         later_ms = int(time.time() * 1000) + 600_000
         # Two seconds of bulk's work held at the scheduler (1.0 is the limit).
         assert service.throttle.observe(_snapshot(2000, sent_ms=later_ms), later_ms)
-        producer = make_producer(kafka_settings)
-        await producer.start()
-        try:
-            sends = [await producer.send(topics.ingress, msgspec.json.encode(
-                request_dict(id=f"bulk-{i}", org="bulk")), key=b"bulk") for i in range(BURST)]
-            sends.append(await producer.send(topics.ingress, msgspec.json.encode(
-                request_dict(id="quiet-0", org="quiet")), key=b"quiet"))
-            await asyncio.gather(*sends)
-        finally:
-            await producer.stop()
-
-        def waiting() -> float:
-            return service.registry.get_sample_value("sf_admission_read_ahead_records")
+        await _send_burst(kafka_settings, topics.ingress, BURST)
 
         await _until(lambda: service.totals["admitted"] == 1, "quiet's record to be admitted")
         [first] = await _read(kafka_settings, topics.tier("standard"), 1)
         assert codec_for(AdmittedRequest).decode(first.value).id == "quiet-0"
-        await _until(lambda: waiting() == BURST, "bulk's records to wait read ahead")
+        await _until(lambda: _read_ahead(service) == BURST, "bulk's records to wait read ahead")
         await asyncio.sleep(0.3)  # several of the pacer's looks: still held
-        assert service.totals["admitted"] == 1 and waiting() == BURST
+        assert service.totals["admitted"] == 1 and _read_ahead(service) == BURST
 
         # The backlog drained: bulk's records go, each once, in order.
         assert service.throttle.observe(_snapshot(0, sent_ms=later_ms + 1), later_ms + 1)
@@ -81,22 +72,5 @@ async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_i
         assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
         assert len(admitted) == BURST + 1
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
-        assert waiting() == 0
-
-        async def committed() -> int:
-            return sum([(await service._consumer.committed(tp)) or 0
-                        for tp in service._consumer.assignment()])
-
-        done = 0
-        try:
-            async with asyncio.timeout(15):
-                while (done := await committed()) != BURST + 1:
-                    await asyncio.sleep(0.05)
-        except TimeoutError:
-            raise AssertionError(f"timed out waiting for the {BURST + 1} ingress offsets to "
-                                 f"be committed: {done}") from None
-    finally:
-        service.request_stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 10)
-        await service.stop()
+        assert _read_ahead(service) == 0
+        await _until_committed(service, BURST + 1)

@@ -23,7 +23,7 @@ from schemas.codec import codec_for, format_from_headers
 from schemas.config import load_config
 from schemas.messages import AdmittedRequest, DeadLetter, LaneState, Result, SchedulerState
 from schemas.topics import Topics
-from tests.admission_setup import registry
+from tests.admission_setup import registry, request_dict
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +95,39 @@ async def _read(settings: KafkaSettings, topic: str, n: int, timeout_s: float = 
         return records
     finally:
         await consumer.stop()
+
+
+async def _send_burst(settings: KafkaSettings, topic: str, n: int) -> None:
+    """``n`` records of org ``bulk`` (``bulk-0``...), then one of ``quiet`` (``quiet-0``),
+    keyed by org, on one producer."""
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        sends = [await producer.send(topic, msgspec.json.encode(
+            request_dict(id=f"bulk-{i}", org="bulk")), key=b"bulk") for i in range(n)]
+        sends.append(await producer.send(topic, msgspec.json.encode(
+            request_dict(id="quiet-0", org="quiet")), key=b"quiet"))
+        await asyncio.gather(*sends)
+    finally:
+        await producer.stop()
+
+
+def _read_ahead(service: AdmissionService) -> float:
+    """Records fetched and not yet decided, as the service's gauge shows them."""
+    return service.registry.get_sample_value("sf_admission_read_ahead_records")
+
+
+async def _until_committed(service: AdmissionService, n: int, timeout_s: float = 15.0) -> None:
+    """Wait until the service's committed ingress offsets add up to ``n``."""
+    done = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while (done := sum([(await service._consumer.committed(tp)) or 0
+                                for tp in service._consumer.assignment()])) != n:
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for the {n} ingress offsets to be "
+                             f"committed: {done}") from None
 
 
 def _decode_result(rec) -> Result:

@@ -3,22 +3,26 @@ another org not held behind it, every record forwarded once, in order, and commi
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from pathlib import Path
 
-import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
-from plumbing.kafka import KafkaSettings, make_producer
+from plumbing.kafka import KafkaSettings
 from producer.service import AdmissionService, AdmissionSettings
 from schemas.codec import codec_for
 from schemas.config import load_config
 from schemas.messages import AdmittedRequest
 from schemas.topics import Topics
-from tests.admission_setup import registry, request_dict
-from tests.integration.test_admission_service import _read, _until
+from tests.admission_setup import registry
+from tests.integration.pipeline_setup import running
+from tests.integration.test_admission_service import (
+    _read,
+    _read_ahead,
+    _send_burst,
+    _until,
+    _until_committed,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -37,25 +41,11 @@ async def test_a_shaped_burst_is_spread_and_the_org_behind_it_is_not(
         load_config(path), kafka_settings, registry=CollectorRegistry(),
         settings=AdmissionSettings(token_counter="fake", metrics_port=0, config_poll_ms=0,
                                    shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE))
-    await service.start()
-    task = asyncio.create_task(service.run())
-    try:
+    async with running(service):
         await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
-        producer = make_producer(kafka_settings)
-        await producer.start()
-        try:
-            sends = [await producer.send(topics.ingress, msgspec.json.encode(
-                request_dict(id=f"bulk-{i}", org="bulk")), key=b"bulk") for i in range(BURST)]
-            sends.append(await producer.send(topics.ingress, msgspec.json.encode(
-                request_dict(id="quiet-0", org="quiet")), key=b"quiet"))
-            await asyncio.gather(*sends)
-        finally:
-            await producer.stop()
-        def waiting() -> float:
-            return service.registry.get_sample_value("sf_admission_read_ahead_records")
-
+        await _send_burst(kafka_settings, topics.ingress, BURST)
         # The shaped records wait read ahead, and the gauge says so.
-        await _until(lambda: waiting() > 0, "shaped records to be counted read ahead")
+        await _until(lambda: _read_ahead(service) > 0, "shaped records to be counted read ahead")
         records = await _read(kafka_settings, topics.tier("standard"), BURST + 1, timeout_s=30)
         admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
         bulk = [a for a in admitted if a.org == "bulk"]
@@ -70,24 +60,5 @@ async def test_a_shaped_burst_is_spread_and_the_org_behind_it_is_not(
         assert before_quiet <= ALLOWANCE + 5, before_quiet
         # Every ingress offset committed once the last shaped record was written.
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
-        assert waiting() == 0
-
-        async def committed() -> int:
-            total = 0
-            for tp in service._consumer.assignment():
-                total += (await service._consumer.committed(tp)) or 0
-            return total
-
-        done = 0
-        try:
-            async with asyncio.timeout(15):
-                while (done := await committed()) != BURST + 1:
-                    await asyncio.sleep(0.05)
-        except TimeoutError:
-            raise AssertionError(f"timed out waiting for the {BURST + 1} ingress offsets to "
-                                 f"be committed: {done}") from None
-    finally:
-        service.request_stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 10)
-        await service.stop()
+        assert _read_ahead(service) == 0
+        await _until_committed(service, BURST + 1)

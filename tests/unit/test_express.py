@@ -10,7 +10,6 @@ express batch's head (worker/microbatch.py).
 """
 
 import asyncio
-import threading
 
 import pytest
 from hypothesis import given, settings
@@ -26,8 +25,8 @@ from schemas.build import build_config
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, WorkerEvent
 from tests.integration.pipeline_setup import until
 from tests.unit.test_model_thread import gated, held_open
+from tests.unit.test_worker_execute import Gated
 from worker.execute import BatchExecutor
-from worker.fake import FakeEmbedder
 from worker.interface import CosineReranker
 from worker.microbatch import plan_with_head
 from worker.model_thread import ModelThread
@@ -205,24 +204,6 @@ async def test_an_urgent_call_runs_before_the_calls_waiting_but_after_the_one_ru
     t.close()
 
 
-class _Gated(FakeEmbedder):
-    """Takes time: a call whose first text is ``first`` waits in the model's thread
-    until the test opens the gate; every call's first text is logged."""
-
-    instant = False
-
-    def __init__(self):
-        super().__init__()
-        self.gate = threading.Event()
-        self.calls: list[str] = []
-
-    def encode(self, texts, **kw):
-        self.calls.append(texts[0])
-        if texts[0] == "first":
-            assert self.gate.wait(10), "the test never opened the gate"
-        return super().encode(texts, **kw)
-
-
 def _one(n: int, text: str, kind: str, *, express: bool = False) -> Batch:
     inp = (EmbedInput(texts=[text]) if kind == "embed"
            else RerankInput(query=text, documents=[f"{text} doc"]))
@@ -235,7 +216,7 @@ def _one(n: int, text: str, kind: str, *, express: bool = False) -> Batch:
 @pytest.mark.parametrize("kind", ["embed", "rerank"])
 async def test_an_express_batchs_first_call_runs_before_a_batch_already_waiting(kind):
     """The call in progress ends first; then the express batch, then the one queued before it."""
-    embedder = _Gated()
+    embedder = Gated(hold={"first"})
     model = embedder if kind == "embed" else CosineReranker(embedder, name="gated")
     ex = BatchExecutor(model, kind, worker="w")
 
