@@ -17,7 +17,7 @@ The prediction
 The scheduler publishes a :class:`schemas.messages.SchedulerState` every
 ``state_interval_ms``: per endpoint lane, the tokens held per tier, the orgs
 with work per tier, the biggest orgs' held tokens and the measured service
-rate. For a request of ``n`` tokens from org ``o`` in tier ``t``, the tokens
+rate (net of what express batches take: they go ahead of everything held). For a request of ``n`` tokens from org ``o`` in tier ``t``, the tokens
 that must be served before it is done are
 
 * the batches already at the workers (``in_flight_tokens``), plus

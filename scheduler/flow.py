@@ -158,6 +158,8 @@ class Observed(NamedTuple):
     lost: LostWorker | None = None
     #: The batch this event reported done, if it was outstanding anywhere.
     done_batch: str | None = None
+    #: That batch was sent beyond the credit (:meth:`FlowControl.claim`'s ``express``).
+    express: bool = False
 
 
 FlowMode = Literal["credit", "slots"]
@@ -193,14 +195,14 @@ class FlowControl:
         """Apply one worker event; stale events (older than the timeout) are ignored."""
         if ev.sent_ms < now_ms - self.worker_timeout_ms:
             return Observed(accepted=False)
-        done = None
+        done, express = None, False
         if ev.kind == "batch_done" and ev.batch_id:
-            self._measure(ev, now_ms)
+            express = self._measure(ev, now_ms)
             done = self._done_batch(ev.batch_id)
         if ev.kind == "bye":
             w = self.workers.get(ev.worker)
             lost = self._remove(w, "bye") if w is not None else None
-            return Observed(accepted=True, lost=lost, done_batch=done)
+            return Observed(accepted=True, lost=lost, done_batch=done, express=express)
         w = self.workers.get(ev.worker)
         joined = w is None
         if w is None:
@@ -209,7 +211,8 @@ class FlowControl:
             self._by_endpoint.setdefault(ev.endpoint, {})[ev.worker] = w
         seen = min(float(ev.sent_ms), now_ms)
         if seen < w.last_seen_ms:
-            return Observed(accepted=False, done_batch=done)  # reordered: keep the newer truth
+            # reordered: keep the newer truth
+            return Observed(accepted=False, done_batch=done, express=express)
         w.last_seen_ms = seen
         w.slots = ev.slots
         w.in_hand = frozenset(ev.in_flight)
@@ -221,15 +224,17 @@ class FlowControl:
             if batch_id not in w.outstanding and batch_id not in self._recently_done:
                 self._add(w, batch_id, seen)
         self._set_partitions(w, ev.partitions, seen)
-        return Observed(accepted=True, joined=joined, done_batch=done)
+        return Observed(accepted=True, joined=joined, done_batch=done, express=express)
 
-    def _measure(self, ev: WorkerEvent, now_ms: float) -> None:
-        """Feed a ``batch_done`` to the reporting worker's credit (speed, round trip)."""
+    def _measure(self, ev: WorkerEvent, now_ms: float) -> bool:
+        """Feed a ``batch_done`` to the reporting worker's credit (speed, round trip);
+        whether the batch was an express one."""
+        owner = self.workers.get(self._batch_owner.get(ev.batch_id, ""))
+        express = owner is not None and ev.batch_id in owner.express
         reporter = self.workers.get(ev.worker)
         if reporter is None:
-            return
+            return express
         round_trip = None
-        owner = self.workers.get(self._batch_owner.get(ev.batch_id, ""))
         if owner is not None and ev.batch_id in owner.tokens and ev.held_ms > 0:
             # Our clock from sending to reading the report, less the worker's own time.
             round_trip = now_ms - owner.outstanding[ev.batch_id] - ev.held_ms
@@ -238,9 +243,9 @@ class FlowControl:
         # tokens would read as a slower worker and starve it of credit
         # (bench/gpu_feed.py: the model idle 487-607 ms of a burst against
         # 151-232). Its round trip counts; its speed does not.
-        express = owner is not None and ev.batch_id in owner.express
         reporter.credit.observe(tokens=0 if express else ev.batch_tokens,
                                 service_ms=service_ms, round_trip_ms=round_trip)
+        return express
 
     def _set_partitions(self, w: WorkerSlots, partitions: list[int], seen: float) -> None:
         parts = sorted(set(partitions))

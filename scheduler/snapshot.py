@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 
 from schemas.messages import LaneState
 
-__all__ = ["Backlog", "ServiceRate", "lane_state"]
+__all__ = ["MAX_EXPRESS_SHARE", "Backlog", "ServiceRate", "lane_state"]
 
 
 class Backlog:
@@ -92,6 +92,12 @@ class Backlog:
         }
 
 
+#: The largest share of a worker's time :class:`ServiceRate` takes its
+#: express calls to leave the held work short of: one express call per full
+#: batch, no longer than it.
+MAX_EXPRESS_SHARE = 0.5
+
+
 class ServiceRate:
     """Tokens per second of each worker while busy: an EMA of its batch reports.
 
@@ -102,6 +108,22 @@ class ServiceRate:
     gaps between micro-batches). The throttle divides a backlog by this
     rate, and model time alone made it admit about 1.5x what it could serve
     within the target (``bench/overload.py``).
+
+    Express batches (:mod:`scheduler.dispatch`) go ahead of everything held,
+    so the work already waiting gets the worker's time less theirs: the rate
+    :meth:`total` gives is the full batches' rate times the share of a busy
+    worker's time its express calls leave (an EMA, sampled at each full
+    batch: the express calls' time since the full batch before over that
+    plus the full batch's own). Without it the throttle admitted work that
+    the express calls then pushed past the target (``bench/overload.py``:
+    accepted p99 1,996-2,074 ms against 2,000, 1,927-1,959 with express
+    batches off; the fake model spent ~8 % of its time on them). The share
+    taken is at most :data:`MAX_EXPRESS_SHARE`: the scheduler sends one
+    express batch per worker per credit it returns, i.e. at most one per
+    full batch, and no longer than one; the cap also keeps a stretch of
+    express calls (a warm-up: nearly every batch an express one, measured
+    here) from setting a rate near zero that the throttle would then refuse
+    everything by, with no full batch coming to correct it.
     """
 
     def __init__(self, alpha: float = 0.2) -> None:
@@ -111,12 +133,18 @@ class ServiceRate:
         self._batch_s: dict[str, float] = {}
         #: worker -> (sent_ms of its last batch report, had a batch in hand then)
         self._last: dict[str, tuple[float, bool]] = {}
+        #: worker -> seconds of express calls since its last full batch, in busy stretches
+        self._express_s: dict[str, float] = {}
+        #: worker -> EMA of the share of its busy time its express calls took
+        self._express_share: dict[str, float] = {}
 
     def observe(self, worker: str, tokens: int, seconds: float, *,
                 done_ms: float | None = None, busy_after: bool = False,
-                min_tokens: int = 0) -> None:
+                min_tokens: int = 0, express: bool = False) -> None:
         """One ``batch_done``: ``seconds`` of model time; ``done_ms`` its ``sent_ms``;
-        ``busy_after``: it listed another batch in hand (``in_flight``).
+        ``busy_after``: it listed another batch in hand (``in_flight``);
+        ``express``: the batch was an express one (never sets the rate; its
+        time, in a busy stretch, counts against the share left to the rest).
 
         Batches under ``min_tokens`` do not move the rate: a small batch is
         mostly fixed overhead, and a rate taken from it (a warm-up request:
@@ -124,13 +152,26 @@ class ServiceRate:
         full batches serve hundreds of times faster. Until a batch that size
         has been seen the rate is unknown and the throttle stays off, which
         is right for a system that has never been busy."""
+        busy_before = False
         if done_ms is not None:
             prev = self._last.get(worker)
             self._last[worker] = (done_ms, busy_after)
-            if prev is not None and prev[1] and done_ms > prev[0]:
+            busy_before = prev is not None and prev[1]
+            if busy_before and done_ms > prev[0]:
                 seconds = max(seconds, (done_ms - prev[0]) / 1000)
-        if tokens <= 0 or tokens < min_tokens or not (seconds > 0.0) or seconds == float("inf"):
+        if not (seconds > 0.0) or seconds == float("inf"):
             return
+        if express:
+            if busy_before or busy_after:
+                self._express_s[worker] = self._express_s.get(worker, 0.0) + seconds
+            return
+        if tokens <= 0 or tokens < min_tokens:
+            return
+        taken = self._express_s.pop(worker, 0.0)
+        share = taken / (taken + seconds)
+        f = self._express_share.get(worker)
+        self._express_share[worker] = share if f is None else (
+            (1 - self.alpha) * f + self.alpha * share)
         b = self._batch_s.get(worker)
         self._batch_s[worker] = seconds if b is None else (
             (1 - self.alpha) * b + self.alpha * seconds)
@@ -142,6 +183,8 @@ class ServiceRate:
         self._rate.pop(worker, None)
         self._last.pop(worker, None)
         self._batch_s.pop(worker, None)
+        self._express_s.pop(worker, None)
+        self._express_share.pop(worker, None)
 
     def batch_seconds(self, workers: Iterable[str]) -> float:
         """Mean batch time of ``workers`` measured so far (0 if none)."""
@@ -149,8 +192,11 @@ class ServiceRate:
         return sum(times) / len(times) if times else 0.0
 
     def total(self, workers: Iterable[str]) -> float:
-        """Summed rate of ``workers`` (0 for a worker never measured)."""
-        return sum(self._rate.get(w, 0.0) for w in workers)
+        """Summed rate of ``workers`` for the work they hold (0 for a worker
+        never measured): each one's full-batch rate, less the share its
+        express calls take (at most :data:`MAX_EXPRESS_SHARE`)."""
+        return sum(r * (1 - min(MAX_EXPRESS_SHARE, self._express_share.get(w, 0.0)))
+                   for w in workers if (r := self._rate.get(w, 0.0)))
 
 
 def lane_state(

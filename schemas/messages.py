@@ -302,7 +302,9 @@ class LaneState(Message, kw_only=True):
     #: Held cost per tier, in the lane's cost units (tokens for ``tokens``).
     held_cost_by_tier: dict[str, float]
     held_tokens_by_tier: dict[str, Int64]
-    #: Measured service rate, tokens per second, over all workers (0 = unknown).
+    #: Measured service rate, tokens per second, over all workers (0 = unknown):
+    #: the rate left to the held work, net of the share express batches take
+    #: (:class:`scheduler.snapshot.ServiceRate`).
     tokens_per_s: float
     free_slots: Int64
     workers: Int64

@@ -14,12 +14,15 @@ import asyncio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
+from plumbing.kafka import KafkaSettings
 from scheduler.core import Scheduler
 from scheduler.dispatch import Dispatcher
 from scheduler.drr import DrrTier
 from scheduler.entry import Entry
 from scheduler.flow import FlowControl
+from scheduler.service import SchedulerService
 from scheduler.snapshot import Backlog
 from schemas.build import build_config
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, WorkerEvent
@@ -280,17 +283,48 @@ def test_an_express_batch_reports_its_round_trip_but_not_its_speed():
     flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
                              slots=4, free_slots=4, sent_ms=1000), 1000)
 
-    def done(batch_id: str, tokens: int, service_ms: float, now_ms: int) -> None:
-        flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done",
-                                 partitions=[0], slots=4, free_slots=4, sent_ms=now_ms,
-                                 batch_id=batch_id, batch_tokens=tokens,
-                                 service_ms=service_ms, held_ms=service_ms), now_ms)
+    def done(batch_id: str, tokens: int, service_ms: float, now_ms: int) -> bool:
+        """Whether the flow says the batch was an express one (the service rate's input)."""
+        return flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done",
+                                        partitions=[0], slots=4, free_slots=4, sent_ms=now_ms,
+                                        batch_id=batch_id, batch_tokens=tokens,
+                                        service_ms=service_ms, held_ms=service_ms),
+                            now_ms).express
 
     flow.sent("w", "b1", 1000, 800)
-    done("b1", 800, 8.0, 1020)
+    assert done("b1", 800, 8.0, 1020) is False
     credit = flow.workers["w"].credit
     assert credit.ms_per_token == 0.01 and credit.round_trip_ms == 12.0
     flow.sent("w", "e1", 1100, 8, express=True)
-    done("e1", 8, 2.0, 1116)                                  # 0.25 ms a token, if it counted
+    assert done("e1", 8, 2.0, 1116) is True                   # 0.25 ms a token, if it counted
     assert credit.ms_per_token == 0.01
     assert credit.round_trip_ms != 12.0                       # its round trip did count
+
+
+def test_the_scheduler_takes_the_express_calls_share_from_the_rate_it_publishes():
+    """Through the service: a batch the flow sent as express is reported as such to
+    the service rate, so the throttle's rate leaves its call's time out of the held work's."""
+    cfg = build_config(prefix="t.", endpoints={"embed": {"max_batch_tokens": 1000,
+                                                        "max_request_tokens": 500}},
+                       orgs={"a": "free"}).config
+    svc = SchedulerService(cfg, KafkaSettings(bootstrap="127.0.0.1:9"),
+                           registry=CollectorRegistry())
+
+    def event(kind: str, sent_ms: int, in_flight: list[str], **kw) -> WorkerEvent:
+        return WorkerEvent(worker="w", endpoint="embed", kind=kind, partitions=[0], slots=2,
+                           free_slots=1, sent_ms=sent_ms, in_flight=in_flight, **kw)
+
+    now = 1_000_000
+    svc._observe(event("hello", now, []), now)
+    svc.flow.sent("w", "b1", now, 1000)
+    svc.flow.sent("w", "e1", now, 20, express=True)
+    svc.flow.sent("w", "b2", now, 1000)
+    for batch_id, tokens, ms, at, rest in (("b1", 1000, 400, 400, ["e1", "b2"]),
+                                           ("e1", 20, 100, 500, ["b2"]),
+                                           ("b2", 1000, 400, 900, [])):
+        svc._observe(event("batch_done", now + at, rest, batch_id=batch_id,
+                           batch_tokens=tokens, inference_ms=ms, service_ms=ms, held_ms=ms),
+                     now + at)
+    # Full batches at 2,500 tokens/s; the express call took 0.1 s of the 0.5 s
+    # since b1: a share of 0.2, into an EMA (alpha 0.2) that b1 started at 0.
+    assert svc.rates.total(["w"]) == pytest.approx(2500 * (1 - 0.2 * 0.2))

@@ -1,6 +1,6 @@
 """Backlog and ServiceRate: the per-org counters behind the scheduler's state snapshot."""
 
-from scheduler.snapshot import Backlog, ServiceRate, lane_state
+from scheduler.snapshot import MAX_EXPRESS_SHARE, Backlog, ServiceRate, lane_state
 
 
 def test_backlog_counts_orgs_and_tokens():
@@ -63,3 +63,38 @@ def test_small_batches_do_not_set_the_rate():
     r.observe("w", 1024, 0.25, min_tokens=512)
     r.observe("w", 3, 0.15, min_tokens=512)
     assert r.total(["w"]) == 1024 / 0.25
+
+
+def test_express_calls_take_their_share_from_the_held_work():
+    """Express batches go ahead of everything held: the rate left for it is the
+    full batches' rate less the share of busy time their calls took."""
+    r = ServiceRate(alpha=1.0)
+    r.observe("w", 1000, 0.5, done_ms=10_000, busy_after=True, min_tokens=512)
+    assert r.total(["w"]) == 2000
+    r.observe("w", 20, 0.1, done_ms=10_100, busy_after=True, min_tokens=512, express=True)
+    assert r.total(["w"]) == 2000  # an express batch never sets the rate itself
+    r.observe("w", 1000, 0.4, done_ms=10_500, busy_after=True, min_tokens=512)
+    assert r.total(["w"]) == 2500 * (1 - 0.1 / 0.5)
+    assert r.batch_seconds(["w"]) == 0.4  # the full batch's own time
+    # Counted once: the next full batch, with no express call before it, has all of it.
+    r.observe("w", 1000, 0.4, done_ms=10_900, busy_after=False, min_tokens=512)
+    assert r.total(["w"]) == 2500
+    # An express call on an idle worker delayed nothing: no share.
+    r.observe("w", 20, 0.1, done_ms=20_000, busy_after=False, min_tokens=512, express=True)
+    r.observe("w", 1000, 0.4, done_ms=30_000, busy_after=False, min_tokens=512)
+    assert r.total(["w"]) == 2500
+
+
+def test_a_stretch_of_express_calls_takes_at_most_half():
+    """A warm-up where nearly every batch is an express one must not set a rate
+    near zero: the throttle would refuse everything, and no full batch would come."""
+    r = ServiceRate(alpha=1.0)
+    r.observe("w", 1000, 0.5, done_ms=10_000, busy_after=True, min_tokens=512)
+    for t in range(1, 41):
+        r.observe("w", 13, 0.05, done_ms=10_000 + 50 * t, busy_after=True, min_tokens=512,
+                  express=True)
+    r.observe("w", 1000, 0.5, done_ms=12_500, busy_after=True, min_tokens=512)
+    assert MAX_EXPRESS_SHARE == 0.5
+    assert r.total(["w"]) == 1000  # 2 s of express calls against 0.5 s: half, not a fifth
+    r.forget("w")
+    assert r.total(["w"]) == 0.0
