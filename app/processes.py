@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,14 +35,9 @@ from typing import IO, Self
 
 from plumbing.bounded import within
 from plumbing.children import parent_death_signal
+from plumbing.ports import free_port
 
-__all__ = ["ProcessStack", "free_port", "placement"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["ProcessStack", "placement"]
 
 
 def placement(cpus: set[int] | None, nice: int) -> Callable[[], None] | None:

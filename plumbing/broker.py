@@ -53,6 +53,7 @@ from types import TracebackType
 from typing import IO, Self
 
 from plumbing.children import parent_death_signal
+from plumbing.ports import free_port
 
 __all__ = ["BrokerStartError", "EmbeddedBroker", "resolve_tansu_binary"]
 
@@ -274,7 +275,7 @@ class EmbeddedBroker:
     def _spawn(self) -> None:
         binary = self._binary or resolve_tansu_binary()
         if self._port is None:
-            self._port = _free_port()
+            self._port = free_port(_HOST)
         if self._log_path is None:
             fd, name = tempfile.mkstemp(prefix="tansu-", suffix=".log")
             os.close(fd)
@@ -473,12 +474,6 @@ async def _wait_ready_async(broker: EmbeddedBroker, deadline: float) -> None:
 
 
 # -- process hygiene -----------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((_HOST, 0))
-        return s.getsockname()[1]
 
 
 @atexit.register

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import TopicPartition
 
-from app.processes import free_port
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
+from plumbing.ports import free_port
 from schemas.build import Built, build_config
 from schemas.codec import codec_for
 from schemas.messages import AdmittedRequest, Batch, EmbedInput

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import pytest
 
-from app.processes import free_port
 from app.stack import Stack
 from plumbing.kafka import KafkaSettings, make_producer
+from plumbing.ports import free_port
 from plumbing.scrape import static_config
 from schemas.build import build_config
 from schemas.codec import codec_for, content_type
