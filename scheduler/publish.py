@@ -55,7 +55,7 @@ def snapshot(now: float, *, core: Scheduler, flow: FlowControl, backlog: Backlog
             backlog=backlog, tokens_per_s=rates.total(w.worker for w in workers),
             free_slots=free, workers=len(workers), top_orgs=top_orgs,
             in_flight_tokens=dispatcher.in_flight_tokens(endpoint, full),
-            batch_ms=rates.batch_seconds(w.worker for w in workers) * 1000,
+            batch_ms=rates.batch_seconds([w.worker for w in workers], full) * 1000,
             turns=core.policy != "fifo")
         trips = [w.credit.round_trip_ms for w in workers if w.credit.round_trip_ms is not None]
         batches = [w.credit.estimate_ms(full) for w in workers if w.credit.samples]

@@ -317,8 +317,9 @@ class LaneState(Message, kw_only=True):
     #: Tokens of the batches sent to workers and not reported done: work
     #: every new request waits behind, whatever its tier.
     in_flight_tokens: Int64 = 0
-    #: Measured time of one batch (ms): a request is served when its whole
-    #: batch is, so the throttle adds one to the wait (0 = unknown).
+    #: Measured time of one batch (ms), at most a full batch at
+    #: ``tokens_per_s``: a request is served when its whole batch is, so the
+    #: throttle adds batch times to the wait (0 = unknown).
     batch_ms: float = 0.0
     #: The lane serves its orgs in turns (DRR): an org's backlog here delays
     #: that org only, so admission may pace its records (producer/pacing.py).

@@ -1,5 +1,7 @@
 """Dispatch, expiry and the state snapshot: the scheduler service's decisions, without Kafka."""
 
+import pytest
+
 from scheduler.core import Scheduler
 from scheduler.dispatch import Dispatcher
 from scheduler.entry import Entry
@@ -130,3 +132,21 @@ def test_a_lane_says_whether_it_serves_orgs_in_turns():
         state, _ = snapshot(2.0, core=core, flow=flow, backlog=backlog, rates=ServiceRate(),
                             dispatcher=disp, epoch=1, top_orgs=5)
         assert state.lanes["embed"].turns is turns, policy
+
+
+def test_the_published_batch_time_is_at_most_a_full_batch_at_the_rate():
+    """A report timed across a stall must not become the throttle's batch time
+    (tests/unit/test_throttle.py): the snapshot bounds it by a full batch (8 tokens
+    here) at the measured rate."""
+    core, flow, backlog, disp = _setup()
+    _hello(flow, 1000)
+    rates = ServiceRate()
+    for i in range(1, 31):  # 8 tokens every 10 ms, back to back: 800 tokens/s
+        rates.observe("w", 8, 0.01, done_ms=1000 + 10 * i, busy_after=True)
+    rates.observe("w", 8, 0.01, done_ms=11_300)  # 10 s after the report before
+    assert rates.batch_seconds(["w"]) > 2.0
+    state, _ = snapshot(12.0, core=core, flow=flow, backlog=backlog, rates=rates,
+                        dispatcher=disp, epoch=1, top_orgs=5)
+    lane = state.lanes["embed"]
+    assert lane.tokens_per_s == pytest.approx(0.8 * 800 + 0.2 * 0.8)
+    assert lane.batch_ms == pytest.approx(8 / lane.tokens_per_s * 1000)  # 12.5 ms

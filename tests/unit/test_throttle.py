@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from producer.throttle import ThrottleState, predict_wait_ms
+from scheduler.snapshot import Backlog, ServiceRate, lane_state
 from schemas.messages import LaneState, SchedulerState
 from tests.admission_setup import NOW_MS, make_config
 
@@ -222,3 +223,31 @@ def test_a_snapshot_without_the_stamp_forgets_everything_admitted_before_it():
     ts.note_admitted(endpoint="embed", tier="standard", org="bulk", tokens=100)
     assert ts.observe(_quiet_lane_snapshot(NOW_MS + 100, None), NOW_MS + 100)
     assert ts.admitted_since == 0 and ts.tokens_since == {}
+
+
+def test_a_batch_timed_across_a_stall_does_not_throttle_an_empty_lane_for_good():
+    """A report that spans a broker stall is one long batch to the service rate. Taken as
+    the batch time, two of them exceeded every budget: the throttle refused every request,
+    on an empty lane too, and no full batch came to correct it. A full batch's time is
+    bounded by its tokens at the measured rate, which one report moves by a fifth."""
+    rates = ServiceRate()
+    t = 10_000.0
+    for _ in range(20):  # 1,000-token batches back to back, 0.2 s each: 5,000 tokens/s
+        t += 200
+        rates.observe("w", 1000, 0.2, done_ms=t, busy_after=True, min_tokens=500)
+    t += 10_000  # the next report comes ten seconds later: the results waited on the broker
+    rates.observe("w", 1000, 0.2, done_ms=t, busy_after=False, min_tokens=500)
+    assert rates.batch_seconds(["w"]) > 2.0  # the EMA of seconds: 0.2 x 0.8 + 10 x 0.2
+
+    def empty_lane(batch_ms: float) -> SchedulerState:
+        lane = lane_state("embed", held_requests=0, held_tokens_by_tier={},
+                          held_cost_by_tier={}, backlog=Backlog(),
+                          tokens_per_s=rates.total(["w"]), free_slots=1, workers=1,
+                          top_orgs=5, batch_ms=batch_ms)
+        return SchedulerState(sent_ms=NOW_MS, lanes={"embed": lane}, held_requests=0)
+
+    # What the snapshot published before: the EMA of seconds alone (1,000 ms target).
+    assert throttled(fresh(empty_lane(rates.batch_seconds(["w"]) * 1000))) is not None
+    bounded = rates.batch_seconds(["w"], full_tokens=1000)
+    assert bounded == 1000 / rates.total(["w"]) < 0.25
+    assert throttled(fresh(empty_lane(bounded * 1000))) is None
