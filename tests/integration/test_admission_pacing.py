@@ -9,22 +9,20 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from plumbing.kafka import KafkaSettings
-from producer.service import AdmissionService, AdmissionSettings
 from schemas.codec import codec_for
-from schemas.config import load_config
 from schemas.messages import AdmittedRequest, LaneState, SchedulerState
 from schemas.topics import Topics
-from tests.admission_setup import registry
 from tests.integration.pipeline_setup import running
 from tests.integration.test_admission_service import (
+    _admission,
     _read,
     _read_ahead,
     _send_burst,
     _until,
     _until_committed,
+    _write_config,
 )
 
 pytestmark = pytest.mark.integration
@@ -44,13 +42,9 @@ def _snapshot(bulk_tokens: int, *, sent_ms: int) -> SchedulerState:
 
 async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_it_does_not(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
-    path = tmp_path / "config.toml"
-    path.write_text(registry(prefix=topic_prefix).text)
     topics = Topics(topic_prefix)
-    service = AdmissionService(
-        load_config(path), kafka_settings, registry=CollectorRegistry(),
-        settings=AdmissionSettings(token_counter="fake", metrics_port=0, config_poll_ms=0,
-                                   pace_backlog_s=1.0))
+    service = _admission(kafka_settings, _write_config(tmp_path / "config.toml", topic_prefix),
+                         pace_backlog_s=1.0)
     async with running(service):
         await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
         later_ms = int(time.time() * 1000) + 600_000

@@ -34,6 +34,18 @@ def _write_config(path: Path, prefix: str, **orgs: str) -> Path:
     return path
 
 
+def _admission(kafka_settings: KafkaSettings, config_path: Path, **settings
+               ) -> AdmissionService:
+    """An admission service on ``config_path``: the fake token counter, a free metrics
+    port, no config polling, and ``settings`` besides."""
+    return AdmissionService(
+        load_config(config_path), kafka_settings, registry=CollectorRegistry(),
+        settings=AdmissionSettings(token_counter="fake", metrics_port=0, config_poll_ms=0,
+                                   **settings),
+        config_path=config_path,
+    )
+
+
 @pytest.fixture
 def config_path(tmp_path: Path, topic_prefix: str) -> Path:
     return _write_config(tmp_path / "config.toml", topic_prefix)
@@ -43,11 +55,7 @@ def config_path(tmp_path: Path, topic_prefix: str) -> Path:
 async def service(kafka_settings: KafkaSettings, config_path: Path
                   ) -> AsyncIterator[AdmissionService]:
     """A running admission service on this test's prefix, ready (ingress assigned)."""
-    svc = AdmissionService(
-        load_config(config_path), kafka_settings, registry=CollectorRegistry(),
-        settings=AdmissionSettings(token_counter="fake", metrics_port=0, config_poll_ms=0),
-        config_path=config_path,
-    )
+    svc = _admission(kafka_settings, config_path)
     await svc.start()
     task = asyncio.create_task(svc.run())
     try:

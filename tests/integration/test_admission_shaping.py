@@ -6,22 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from plumbing.kafka import KafkaSettings
-from producer.service import AdmissionService, AdmissionSettings
 from schemas.codec import codec_for
-from schemas.config import load_config
 from schemas.messages import AdmittedRequest
 from schemas.topics import Topics
-from tests.admission_setup import registry
 from tests.integration.pipeline_setup import running
 from tests.integration.test_admission_service import (
+    _admission,
     _read,
     _read_ahead,
     _send_burst,
     _until,
     _until_committed,
+    _write_config,
 )
 
 pytestmark = pytest.mark.integration
@@ -34,13 +32,9 @@ async def test_a_shaped_burst_is_spread_and_the_org_behind_it_is_not(
     """60 records of bulk at once, then one of quiet on the same producer: past its
     allowance of 10, bulk is decided at 50/s, so its last record at least ~1 s after its
     first (a bound a slow machine only widens); quiet's is not held behind it."""
-    path = tmp_path / "config.toml"
-    path.write_text(registry(prefix=topic_prefix).text)
     topics = Topics(topic_prefix)
-    service = AdmissionService(
-        load_config(path), kafka_settings, registry=CollectorRegistry(),
-        settings=AdmissionSettings(token_counter="fake", metrics_port=0, config_poll_ms=0,
-                                   shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE))
+    service = _admission(kafka_settings, _write_config(tmp_path / "config.toml", topic_prefix),
+                         shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE)
     async with running(service):
         await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
         await _send_burst(kafka_settings, topics.ingress, BURST)
