@@ -168,16 +168,14 @@ class ServiceRate:
         if tokens <= 0 or tokens < min_tokens:
             return
         taken = self._express_s.pop(worker, 0.0)
-        share = taken / (taken + seconds)
-        f = self._express_share.get(worker)
-        self._express_share[worker] = share if f is None else (
-            (1 - self.alpha) * f + self.alpha * share)
-        b = self._batch_s.get(worker)
-        self._batch_s[worker] = seconds if b is None else (
-            (1 - self.alpha) * b + self.alpha * seconds)
-        r = tokens / seconds
-        prev = self._rate.get(worker)
-        self._rate[worker] = r if prev is None else (1 - self.alpha) * prev + self.alpha * r
+        self._ema(self._express_share, worker, taken / (taken + seconds))
+        self._ema(self._batch_s, worker, seconds)
+        self._ema(self._rate, worker, tokens / seconds)
+
+    def _ema(self, values: dict[str, float], worker: str, sample: float) -> None:
+        prev = values.get(worker)
+        values[worker] = sample if prev is None else (
+            (1 - self.alpha) * prev + self.alpha * sample)
 
     def forget(self, worker: str) -> None:
         self._rate.pop(worker, None)
