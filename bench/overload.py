@@ -75,7 +75,7 @@ _state_codec = codec_for(SchedulerState)
 
 
 async def _follow_state(kafka: KafkaSettings, topic: str, held: list[tuple[float, int]],
-                        rates: list[tuple[float, float]], stop: asyncio.Event) -> None:
+                        rates: list[tuple[float, float, float]], stop: asyncio.Event) -> None:
     consumer = make_consumer(kafka, group_id=None)
     await consumer.start()
     try:
@@ -89,7 +89,7 @@ async def _follow_state(kafka: KafkaSettings, topic: str, held: list[tuple[float
                 held.append((time.monotonic(), st.held_requests))
                 lane = st.lanes.get("embed")
                 if lane is not None:
-                    rates.append((time.monotonic(), lane.tokens_per_s))
+                    rates.append((time.monotonic(), lane.tokens_per_s, lane.hops_ms))
     finally:
         await consumer.stop()
 
@@ -114,7 +114,7 @@ async def run(*, seconds: float = 60.0, factor: float = 10.0, ms_per_token: floa
                      "latency_target_ms": target_ms}
     built = config(max_held=max_held, ms_per_token=ms_per_token, target_ms=target_ms)
     held: list[tuple[float, int]] = []
-    rates: list[tuple[float, float]] = []
+    rates: list[tuple[float, float, float]] = []
     rss: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "overload.toml"
@@ -157,8 +157,10 @@ async def run(*, seconds: float = 60.0, factor: float = 10.0, ms_per_token: floa
             figures["failed_process"] = stack.failed()
             await stack.stop()
     _figures(figures, load, held, rss, t0, t_end)
-    during = [r for t, r in rates if t0 <= t <= t_end]
+    during = [r for t, r, _ in rates if t0 <= t <= t_end]
     figures["measured_tokens_per_s_p50"] = round(percentile(during, 50) or 0)
+    hops = [h for t, _, h in rates if t0 <= t <= t_end]
+    figures["hops_ms_p50"] = round(percentile(hops, 50) or 0, 1)
     return figures
 
 
@@ -224,7 +226,8 @@ def report(f: dict) -> str:
          f"(max_held_requests {f['max_held_requests']})"),
         f"scheduler RSS (MiB)      {f.get('scheduler_rss_mib')}",
         (f"service rate             {f.get('measured_tokens_per_s_p50')} tokens/s measured "
-         f"(p50 of the snapshots); served {round(f['served_rps'] * (f.get('tokens') or 0))}"),
+         f"(p50 of the snapshots); served {round(f['served_rps'] * (f.get('tokens') or 0))}; "
+         f"hops after admission {f.get('hops_ms_p50')} ms (p50 of the snapshots)"),
         f"client submit lag (ms)   {f.get('submit_lag_ms')}",
         f.get("ok_stages", ""),
         f"worst ok latency by send second {f.get('ok_latency_by_second')}",

@@ -44,7 +44,7 @@ from plumbing.offsets import OffsetTracker
 from scheduler.core import Scheduler
 from scheduler.entry import Entry
 from scheduler.metrics import SchedulerMetrics
-from scheduler.snapshot import Backlog
+from scheduler.snapshot import Backlog, HopTime
 from schemas.codec import DecodeError, codec_for, content_type, format_from_headers
 from schemas.config import Config
 from schemas.messages import AdmittedRequest, Result
@@ -126,6 +126,8 @@ class TierIntake:
         #: ``admitted_through_ms`` (admission's throttle counts what it
         #: admitted after it as still on its way).
         self.admitted_through_ms: int | None = None
+        #: The tier topic's hop, sampled per fetch (the snapshot's ``hops_ms``).
+        self.hops = HopTime()
         self._origin: dict[str, tuple[TopicPartition, int]] = {}
         self._end_offsets: dict[TopicPartition, int] = {}
         self._consumer = None
@@ -217,6 +219,7 @@ class TierIntake:
             now_ms = int(time.time() * 1000)
             received: dict[str, int] = {}
             taken = 0
+            newest = self.admitted_through_ms
             for tp, records in batches.items():
                 for rec in records:
                     if tp not in self.assigned:
@@ -233,6 +236,8 @@ class TierIntake:
             for tier, n in received.items():
                 self.metrics.received_counter(tier).inc(n)
                 self.totals["received"] += n
+            if self.admitted_through_ms is not None and self.admitted_through_ms != newest:
+                self.hops.observe(now_ms - self.admitted_through_ms, now_ms / 1000)
             self.check_pressure()
             self.wake.set()
             await asyncio.sleep(0)  # the dispatcher goes first

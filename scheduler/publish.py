@@ -40,9 +40,10 @@ class LaneGauges(NamedTuple):
 
 def snapshot(now: float, *, core: Scheduler, flow: FlowControl, backlog: Backlog,
              rates: ServiceRate, dispatcher: Dispatcher, epoch: int, top_orgs: int,
-             costs=None, admitted_through_ms: int | None = None,
+             costs=None, admitted_through_ms: int | None = None, hops_ms: float = 0.0,
              ) -> tuple[SchedulerState, list[LaneGauges]]:
-    """The snapshot to publish and each lane's gauges, as of ``now`` (epoch seconds)."""
+    """The snapshot to publish and each lane's gauges, as of ``now`` (epoch seconds);
+    ``hops_ms``: the measured hops after admission (:class:`scheduler.snapshot.HopTime`)."""
     lanes: dict[str, LaneState] = {}
     gauges: list[LaneGauges] = []
     for endpoint, st in core.stats().items():
@@ -56,7 +57,7 @@ def snapshot(now: float, *, core: Scheduler, flow: FlowControl, backlog: Backlog
             free_slots=free, workers=len(workers), top_orgs=top_orgs,
             in_flight_tokens=dispatcher.in_flight_tokens(endpoint, full),
             batch_ms=rates.batch_seconds([w.worker for w in workers], full) * 1000,
-            turns=core.policy != "fifo")
+            turns=core.policy != "fifo", hops_ms=hops_ms)
         trips = [w.credit.round_trip_ms for w in workers if w.credit.round_trip_ms is not None]
         batches = [w.credit.estimate_ms(full) for w in workers if w.credit.samples]
         gauges.append(LaneGauges(

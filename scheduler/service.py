@@ -550,7 +550,8 @@ class SchedulerService(Service):
                                  rates=self.rates, dispatcher=self.dispatcher, epoch=self.epoch,
                                  top_orgs=self.settings.state_top_orgs,
                                  costs=self.handover.export(self.core),
-                                 admitted_through_ms=self.intake.admitted_through_ms)
+                                 admitted_through_ms=self.intake.admitted_through_ms,
+                                 hops_ms=self.intake.hops.published_ms(now))
         m = self.metrics
         for g in gauges:
             ep = g.endpoint

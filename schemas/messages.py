@@ -325,6 +325,12 @@ class LaneState(Message, kw_only=True):
     #: that org only, so admission may pace its records (producer/pacing.py).
     #: False: in arrival order (FIFO), or a scheduler older than the field.
     turns: bool = False
+    #: Measured time of the Kafka hops a request still passes after admission
+    #: that no other field counts (ms, 0 = unknown): the tier topic's (from
+    #: ``admitted_ms`` to the scheduler reading it) and, the same kind of
+    #: append and fetch that the scheduler cannot see, the result's way back
+    #: (:class:`scheduler.snapshot.HopTime`).
+    hops_ms: float = 0.0
 
 
 class FeedbackMark(Message, kw_only=True):

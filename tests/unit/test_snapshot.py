@@ -1,6 +1,13 @@
 """Backlog and ServiceRate: the per-org counters behind the scheduler's state snapshot."""
 
-from scheduler.snapshot import MAX_EXPRESS_SHARE, Backlog, ServiceRate, lane_state
+from scheduler.snapshot import (
+    HOP_FRESH_S,
+    MAX_EXPRESS_SHARE,
+    Backlog,
+    HopTime,
+    ServiceRate,
+    lane_state,
+)
 
 
 def test_backlog_counts_orgs_and_tokens():
@@ -98,3 +105,32 @@ def test_a_stretch_of_express_calls_takes_at_most_half():
     assert r.total(["w"]) == 1000  # 2 s of express calls against 0.5 s: half, not a fifth
     r.forget("w")
     assert r.total(["w"]) == 0.0
+
+
+def test_the_hop_time_is_an_average_published_twice_while_fresh():
+    """The tier topic's hop, averaged; published doubled (the result's way back is a hop of
+    the same kind); nothing once the last sample is older than HOP_FRESH_S."""
+    hops = HopTime(alpha=0.5)
+    assert hops.published_ms(100.0) == 0.0  # nothing measured yet
+    hops.observe(20.0, 100.0)
+    hops.observe(40.0, 100.5)
+    assert hops.ms == 30.0
+    assert hops.published_ms(100.5) == 60.0
+    assert hops.published_ms(100.5 + HOP_FRESH_S) == 60.0
+    assert hops.published_ms(100.5 + HOP_FRESH_S + 0.01) == 0.0
+    hops.observe(-5.0, 100.6)  # the clocks of two hosts: never below 0
+    assert hops.ms == 15.0
+
+
+def test_a_sample_after_a_stale_stretch_starts_the_hop_time_afresh():
+    """A long hop (a stall; a new leader reading a backlog) must not be averaged down slowly:
+    the throttle would refuse every request meanwhile, and with nothing admitted no sample
+    comes. Stale, it is not published; the next sample replaces it."""
+    hops = HopTime()
+    hops.observe(10_000.0, 50.0)
+    assert hops.published_ms(50.1) == 20_000.0
+    assert hops.published_ms(50.0 + HOP_FRESH_S + 0.5) == 0.0
+    hops.observe(15.0, 50.0 + HOP_FRESH_S + 0.5)
+    assert hops.ms == 15.0
+    hops.observe(25.0, 50.0 + HOP_FRESH_S + 0.6)  # within the window: averaged
+    assert hops.ms == 0.8 * 15.0 + 0.2 * 25.0

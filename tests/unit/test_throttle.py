@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from producer.throttle import ThrottleState, predict_wait_ms
-from scheduler.snapshot import Backlog, ServiceRate, lane_state
+from scheduler.snapshot import HOP_FRESH_S, Backlog, HopTime, ServiceRate, lane_state
 from schemas.messages import LaneState, SchedulerState
 from tests.admission_setup import NOW_MS, make_config
 
@@ -251,3 +251,40 @@ def test_a_batch_timed_across_a_stall_does_not_throttle_an_empty_lane_for_good()
     bounded = rates.batch_seconds(["w"], full_tokens=1000)
     assert bounded == 1000 / rates.total(["w"]) < 0.25
     assert throttled(fresh(empty_lane(bounded * 1000))) is None
+
+
+def _lane_with_hops(hops_ms: float, held: int = 0) -> SchedulerState:
+    """One lane at 1,000 tokens/s holding ``held`` tokens of org "bulk", with ``hops_ms``."""
+    lane = LaneState(endpoint="embed", held_requests=held // 10, held_cost_by_tier={},
+                     held_tokens_by_tier={"standard": held}, tokens_per_s=1000.0,
+                     free_slots=0, workers=1, active_orgs_by_tier={"standard": 1},
+                     org_held_tokens={"bulk": held}, hops_ms=hops_ms)
+    return SchedulerState(sent_ms=NOW_MS, lanes={"embed": lane}, held_requests=held // 10)
+
+
+def test_the_prediction_counts_the_hops_after_admission():
+    """The tier topic in and the result out are part of a request's time: a request whose
+    batch would be done just within the target is throttled once they are counted."""
+    wait = predict_wait_ms(_lane_with_hops(70.0, held=900), CFG, endpoint="embed",
+                           tier="standard", org="bulk", tokens=50)
+    assert wait == 950.0 + 70.0
+    assert throttled(fresh(_lane_with_hops(0.0, held=900)), tokens=50) is None
+    v = throttled(fresh(_lane_with_hops(70.0, held=900)), tokens=50)
+    assert v is not None and v.retry_after_ms == 20
+    # A snapshot from a scheduler older than the field, or a value no clock gives: none.
+    for odd in (0.0, -5.0, float("nan"), float("inf")):
+        assert predict_wait_ms(_lane_with_hops(odd, held=900), CFG, endpoint="embed",
+                               tier="standard", org="bulk", tokens=50) == 950.0, odd
+
+
+def test_a_stall_in_the_tier_topic_does_not_throttle_an_empty_lane_for_good():
+    """One fetch after a ten-second stall times the hop at ten seconds: every request is
+    throttled while that is fresh. With none admitted no new sample comes; once it is stale
+    the snapshot carries no hops, a request gets through, and its sample starts afresh."""
+    hops = HopTime()
+    hops.observe(10_000.0, 100.0)
+    assert throttled(fresh(_lane_with_hops(hops.published_ms(100.25))), org="quiet") is not None
+    later = 100.0 + HOP_FRESH_S + 0.25
+    assert throttled(fresh(_lane_with_hops(hops.published_ms(later))), org="quiet") is None
+    hops.observe(15.0, later + 0.1)
+    assert hops.published_ms(later + 0.25) == 30.0
