@@ -23,6 +23,12 @@ The model (discrete events, no wall clock anywhere):
   asked for a batch whenever a slot is free and requests are held, so the
   system is work-conserving, and a batch is chosen as late as the live
   design chooses it.
+* **Express batches** (``SimSettings.express``, on as live; DRR only): with
+  every slot taken, an org that came in with nothing held goes out at once
+  in a batch of its own (:meth:`Scheduler.has_fresh`), one per worker until
+  it starts, beyond the slots; it runs after the batch in progress and the
+  batches queued behind that move back by its time. It is not a share-out
+  among backlogged orgs, so the Jain accounting below leaves it out.
 * **Service time** of a batch: ``overhead_ms + ms_per_token x batch
   tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
   4,096-token batch in 1.15 s), resemble all-MiniLM-L6-v2 on a few CPU
@@ -171,6 +177,11 @@ class SimSettings:
     sample_interval_s: float = 0.1
     admission: Admission | None = None
     pipeline: Pipeline | None = None
+    #: The live scheduler's express batches (``SF_SCHEDULER_EXPRESS_BATCHES``, on by
+    #: default; DRR lanes only): with every slot taken, an org that came in with
+    #: nothing held goes out at once in a batch of its own, one per worker at a
+    #: time, run after the batch in progress and ahead of those queued.
+    express: bool = True
 
 
 @dataclass
@@ -254,16 +265,59 @@ class SimResult:
         return summarize(self.outcomes, **extra)
 
 
+class _Run:
+    """One batch at a worker: what it carries, when it starts (moved back when an express
+    batch goes ahead of it), how long it holds the worker, and when its slot comes back
+    relative to its end."""
+
+    __slots__ = ("back_s", "batch_id", "charged", "dispatched", "endpoint", "express",
+                 "offsets", "start", "took", "version", "worker")
+
+    def __init__(self, worker: _Worker, endpoint: str, batch_id: str,
+                 charged: list[tuple[Entry, float]], dispatched: float, *, start: float,
+                 took: float, offsets: list[float] | None, back_s: float, express: bool):
+        self.worker, self.endpoint, self.batch_id = worker, endpoint, batch_id
+        self.charged, self.dispatched = charged, dispatched
+        self.start, self.took, self.offsets, self.back_s = start, took, offsets, back_s
+        self.express = express
+        #: Bumped when ``start`` moves: the done event pushed before it is stale.
+        self.version = 0
+
+    @property
+    def slot_back(self) -> float:
+        return self.start + self.took + self.back_s
+
+
 class _Worker:
-    __slots__ = ("free_at", "in_hand", "name", "tokens_per_s")
+    __slots__ = ("free_at", "in_hand", "name", "runs", "tokens_per_s")
 
     def __init__(self, name: str):
         self.name = name
         self.free_at = 0.0
         self.in_hand = 0
+        #: The batches it holds, in the order it runs them.
+        self.runs: list[_Run] = []
         #: Moving average of tokens per second while busy, as the live
         #: scheduler measures it from ``batch_done`` reports (0 = unknown).
         self.tokens_per_s = 0.0
+
+    def holds_express(self, now: float) -> bool:
+        """Does it hold an express batch not started by ``now``? (The live worker returns
+        a batch's credit as it starts it, an express one's too.)"""
+        return any(r.express and r.start > now for r in self.runs)
+
+    def place_express(self, at: float, took: float) -> tuple[float, list[_Run]]:
+        """Where an express batch arriving at ``at`` runs: after the batch running then (if
+        any), ahead of every batch not started by then; (its start, the batches it moves)."""
+        start = at
+        for r in self.runs:
+            if r.start <= at < r.start + r.took:
+                start = r.start + r.took
+        moved = [r for r in self.runs if r.start >= start]
+        for r in moved:
+            r.start += took
+            r.version += 1
+        return start, moved
 
 
 #: Orgs listed per lane in the snapshot handed to admission (the live default).
@@ -283,8 +337,9 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     # Held [requests, tokens] per (endpoint, tier) and org: backlogged sets, snapshots.
     held: dict[tuple[str, str], dict[str, list[int]]] = {}
     groups: dict[tuple[str, str, frozenset[str]], JainGroup] = {}
-    # Batches in flight: (done at, seq, worker, endpoint, batch id, [(entry, cost)], dispatched at).
-    done: list[tuple[float, int, _Worker, str, str, list[tuple[Entry, float]], float]] = []
+    # Batches in flight: (slot back at, seq, the run's version then, run); an event
+    # whose version is not its run's is stale (the run moved, and was pushed again).
+    done: list[tuple[float, int, int, _Run]] = []
     seq = 0
     n_batches = 0
     state_every = config.service.state_interval_ms / 1000.0
@@ -372,11 +427,20 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         for ep, pool in pools.items():
             while sched.held_in(ep):
                 w = min(pool, key=lambda w: (w.in_hand, w.free_at))
+                express = False
                 if w.in_hand >= slots_of[ep]:
-                    break
-                d = sched.next_batch(ep, now, in_run_order=True)
+                    # Every slot taken: the live scheduler's express batch, one request
+                    # of each org that came in with nothing held; one per worker until
+                    # that one starts.
+                    spare = [x for x in pool if not x.holds_express(now)]
+                    if not (s.express and spare and sched.has_fresh(ep)):
+                        break
+                    w, express = min(spare, key=lambda x: x.free_at), True
+                d = sched.next_batch(ep, now, in_run_order=True, fresh=express)
                 expired(ep, d.expired, now)
                 if not d.batch:
+                    if express:
+                        break
                     continue
                 n_batches += 1
                 bid = f"{ep}-b{n_batches}"
@@ -388,26 +452,41 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                     c = sched.cost(ep, e)
                     charged.append((e, c))
                     served[(e.tier, e.org)] = served.get((e.tier, e.org), 0.0) + c
-                count_backlogged(groups, held, ep, served, config)
+                if not express:
+                    # An express batch shares nothing out among the backlogged orgs: it takes
+                    # the fresh orgs' requests ahead of their turns (charged to their deficits).
+                    count_backlogged(groups, held, ep, served, config)
                 if pipe is None:
-                    start = max(now, w.free_at)
+                    at = now
                     took, offsets, back_s = s.service.batch_s(tokens), None, 0.0
                 else:
-                    start = max(now + pipe.delivery_s(ep), w.free_at)
+                    at = now + pipe.delivery_s(ep)
                     took, offsets, release = pipe.serve(ep, d.batch)
                     back_s = pipe.feedback_s(ep) - (took - release)  # slot back before the end
-                w.free_at = start + took
+                if express:
+                    start, moved = w.place_express(at, took)
+                    for r in moved:
+                        seq += 1
+                        heapq.heappush(done, (r.slot_back, seq, r.version, r))
+                else:
+                    start = max(at, w.free_at)
+                w.free_at = max(w.free_at, start) + took
                 w.in_hand += 1
+                run = _Run(w, ep, bid, charged, now, start=start, took=took, offsets=offsets,
+                           back_s=back_s, express=express)
+                w.runs.append(run)
+                w.runs.sort(key=lambda r: r.start)
                 seq += 1
-                heapq.heappush(done, (w.free_at + back_s, seq, w, ep, bid, charged, now,
-                                      (start, took, offsets)))
+                heapq.heappush(done, (run.slot_back, seq, run.version, run))
 
-    def complete(t: float, w: _Worker, ep: str, bid: str, batch: list[tuple[Entry, float]],
-                 dispatched: float, served_at: tuple) -> None:
+    def complete(t: float, run: _Run) -> None:
+        w, ep, bid, batch, dispatched = (run.worker, run.endpoint, run.batch_id, run.charged,
+                                         run.dispatched)
         w.in_hand -= 1
+        w.runs.remove(run)
         budget = config.endpoints[ep].max_batch_tokens
         tokens = sum(e.tokens for e, _ in batch)
-        start, took, offsets = served_at
+        start, took, offsets = run.start, run.took, run.offsets
         rate = tokens / took
         if tokens >= budget // 2:  # as the live ServiceRate: small batches are mostly overhead
             w.tokens_per_s = rate if not w.tokens_per_s else 0.8 * w.tokens_per_s + 0.2 * rate
@@ -445,8 +524,9 @@ def simulate(config: Config, records: Sequence[TraceRecord],
             break
         now = t
         while done and done[0][0] <= now:
-            t_end, _, w, ep, bid, batch, dispatched, served_at = heapq.heappop(done)
-            complete(t_end, w, ep, bid, batch, dispatched, served_at)
+            t_end, _, version, run = heapq.heappop(done)
+            if version == run.version:  # else moved back by an express batch: pushed again
+                complete(t_end, run)
         while i < n and enter[arrivals[i]] <= now:
             entered[records[arrivals[i]].id] = now
             arrive(records[arrivals[i]])
@@ -463,6 +543,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         "full_batch_ms": {ep: round(s.service.batch_s(e.max_batch_tokens) * 1000, 3)
                           for ep, e in config.endpoints.items() if ep in used},
         "admission": "off" if s.admission is None else type(s.admission).__name__,
+        "express": s.express,
     }
     return SimResult(outcomes, samples, list(groups.values()), meta)
 
@@ -533,6 +614,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="apply the live admission's rate limits, overload check and "
                              "throttle (rejected > 0); off by default so the scheduler is "
                              "measured alone")
+    parser.add_argument("--no-express", dest="express", action="store_false",
+                        help="leave out the live scheduler's express batches (as "
+                             "SF_SCHEDULER_EXPRESS_BATCHES=false does live)")
     parser.add_argument("--json", metavar="OUT", help="write the summary as JSON")
     parser.add_argument("--report", metavar="DIR", help="write the full report (tables, plots)")
     cal = parser.add_argument_group("calibration (traffic/calibrate.py)")
@@ -598,7 +682,7 @@ def run(args: argparse.Namespace) -> int:
         settings = SimSettings(policy=policy, workers=args.workers, slots=args.slots,
                                service=service, sample_interval_s=args.sample_ms / 1000.0,
                                admission=PipelineAdmission(config) if args.admission else None,
-                               pipeline=pipeline)
+                               pipeline=pipeline, express=args.express)
         result = simulate(config, records, settings)
         result.meta.update(trace=Path(args.trace).name, config=Path(args.config).name)
         if calibration is not None:
@@ -610,8 +694,10 @@ def run(args: argparse.Namespace) -> int:
                  f"{args.overhead_ms:g} ms + {args.ms_per_token:g} ms/token (full batch: {fb})")
         slots = (", ".join(f"{ep} {pipeline.slots(ep) or args.slots}" for ep in config.endpoints)
                  if fitted_slots else f"{args.slots}")
+        express = "" if policy == "fifo" else (", express batches" if args.express
+                                                else ", no express batches")
         print(f"\n## {policy}: {len(records)} requests, {args.workers} worker(s) x {slots} "
-              f"slot(s) per endpoint, batch = {model}\n")
+              f"slot(s) per endpoint{express}, batch = {model}\n")
         print(format_table(summary))
         if args.report:
             out = Path(args.report) / policy if args.compare_policy else Path(args.report)

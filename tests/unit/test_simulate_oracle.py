@@ -31,8 +31,10 @@ def rec(rid: str, org: str, tokens: int, ts: float = 0.0, *, priority: int = 0,
 
 
 def schedule(config, records, **settings) -> dict[str, tuple]:
-    """id -> (status, dispatched_s, completed_s) as simulated."""
-    res = simulate(config, records, SimSettings(service=ROUND, **settings))
+    """id -> (status, dispatched_s, completed_s) as simulated; without express batches
+    unless asked for (the core's own order; express batches have scenarios of their own)."""
+    res = simulate(config, records, SimSettings(service=ROUND, **({"express": False}
+                                                                  | settings)))
     return {o.id: (o.status, o.dispatched_s, o.completed_s) for o in res.outcomes}
 
 
@@ -152,3 +154,52 @@ def test_adaptive_cost_from_one_batch_of_feedback():
         "s1": ("ok", 0.0, 0.11), "l1": ("ok", 0.0, 0.11),
         "s2": ("ok", 1.0, 1.11), "l2": ("ok", 1.0, 1.11),
     })
+
+
+# -- express batches (scheduler/dispatch.py): the live scheduler's, on by default -----------
+
+QUIET_UNDER_BURST = {"f": "t0", "q": "t0", "r": "t0"}
+F4 = [rec(f"f{i}", "f", 100) for i in (1, 2, 3, 4)]
+
+
+def test_an_express_batch_runs_after_the_batch_in_progress_ahead_of_the_queued_one():
+    """Budget 100: one request a batch (0.11 s); two slots. q1 comes at 0.05 with nothing
+    held while both slots are taken: it goes out at once alone, runs when f1 ends, and f2,
+    queued, moves back by its 0.11 s."""
+    cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
+    trace = F4 + [rec("q1", "q", 100, ts=0.05)]
+    # t=0:    f1 (0..0.11), f2 queued (0.11..0.22). Both slots taken.
+    # t=0.05: q1, express: after f1, 0.11..0.22; f2 moves to 0.22..0.33.
+    # t=0.11: f1 done: q1 and f2 in hand, both slots taken, nobody fresh.
+    # t=0.22: q1 done: f3 chosen, after f2: 0.33..0.44.  t=0.33: f2 done: f4, 0.44..0.55.
+    assert_schedule(schedule(cfg, trace, slots=2, express=True), {
+        "f1": ("ok", 0.0, 0.11), "q1": ("ok", 0.05, 0.22), "f2": ("ok", 0.0, 0.33),
+        "f3": ("ok", 0.22, 0.44), "f4": ("ok", 0.33, 0.55),
+    })
+    # Without it q1 waits for the queued f2 and for f3, which DRR chose at 0.11.
+    assert schedule(cfg, trace, slots=2)["q1"] == ("ok", pytest.approx(0.22),
+                                                   pytest.approx(0.44))
+
+
+def test_one_express_batch_per_worker_until_it_starts():
+    """r1 comes at 0.06, while q1's express batch waits for f1 to end: no second one then.
+    At 0.11 q1 starts (the live worker returns its credit), and r1 goes out in its own,
+    run after q1."""
+    cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
+    trace = F4 + [rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=0.06)]
+    # t=0.05: q1 express, 0.11..0.22 (f2 to 0.22..0.33).  t=0.06: r1 waits.
+    # t=0.11: f1 done, q1 starts: r1 express, after q1: 0.22..0.33; f2 to 0.33..0.44.
+    # t=0.22: q1 done: r1 and f2 still hold both slots (r1 beyond them until now).
+    # t=0.33: r1 done: f3, after f2: 0.44..0.55.  t=0.44: f2 done: f4, 0.55..0.66.
+    assert_schedule(schedule(cfg, trace, slots=2, express=True), {
+        "f1": ("ok", 0.0, 0.11), "q1": ("ok", 0.05, 0.22), "r1": ("ok", 0.11, 0.33),
+        "f2": ("ok", 0.0, 0.44), "f3": ("ok", 0.33, 0.55), "f4": ("ok", 0.44, 0.66),
+    })
+
+
+def test_no_express_batch_under_fifo():
+    """FIFO serves in arrival order: q1 is not taken ahead (the live lane says so too)."""
+    cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
+    trace = F4 + [rec("q1", "q", 100, ts=0.05)]
+    got = schedule(cfg, trace, slots=2, express=True, policy="fifo")
+    assert got["q1"] == ("ok", pytest.approx(0.33), pytest.approx(0.55))
