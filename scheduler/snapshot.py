@@ -138,17 +138,20 @@ class HopTime:
         ms = max(0.0, ms)
         if not ms < float("inf"):
             return
-        if self.ms is None or self._at is None or now_s - self._at > self.fresh_s:
-            self.ms = ms
-        else:
-            self.ms = (1 - self.alpha) * self.ms + self.alpha * ms
+        fresh = self._fresh(now_s)
+        self.ms = (1 - self.alpha) * fresh + self.alpha * ms if fresh is not None else ms
         self._at = now_s
 
     def published_ms(self, now_s: float) -> float:
         """Twice the average (in, and the result's way out), or 0 when stale or unmeasured."""
-        if self.ms is None or self._at is None or now_s - self._at > self.fresh_s:
-            return 0.0
-        return 2 * self.ms
+        fresh = self._fresh(now_s)
+        return 0.0 if fresh is None else 2 * fresh
+
+    def _fresh(self, now_s: float) -> float | None:
+        """The average, if its last sample is at most ``fresh_s`` before ``now_s``."""
+        if self._at is None or now_s - self._at > self.fresh_s:
+            return None
+        return self.ms
 
 
 class ServiceRate:

@@ -80,6 +80,7 @@ quiet org waits behind the whole burst, served nothing, and ``J`` is 0.5.
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
 import json
 import sys
@@ -179,8 +180,8 @@ class SimSettings:
     pipeline: Pipeline | None = None
     #: The live scheduler's express batches (``SF_SCHEDULER_EXPRESS_BATCHES``, on by
     #: default; DRR lanes only): with every slot taken, an org that came in with
-    #: nothing held goes out at once in a batch of its own, one per worker at a
-    #: time, run after the batch in progress and ahead of those queued.
+    #: nothing held goes out at once in a batch of its own, one per worker until
+    #: it starts, run after the batch in progress and ahead of those queued.
     express: bool = True
 
 
@@ -289,17 +290,20 @@ class _Run:
 
 
 class _Worker:
-    __slots__ = ("free_at", "in_hand", "name", "runs", "tokens_per_s")
+    __slots__ = ("free_at", "name", "runs", "tokens_per_s")
 
     def __init__(self, name: str):
         self.name = name
         self.free_at = 0.0
-        self.in_hand = 0
         #: The batches it holds, in the order it runs them.
         self.runs: list[_Run] = []
         #: Moving average of tokens per second while busy, as the live
         #: scheduler measures it from ``batch_done`` reports (0 = unknown).
         self.tokens_per_s = 0.0
+
+    @property
+    def in_hand(self) -> int:
+        return len(self.runs)
 
     def holds_express(self, now: float) -> bool:
         """Does it hold an express batch not started by ``now``? (The live worker returns
@@ -471,18 +475,15 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                 else:
                     start = max(at, w.free_at)
                 w.free_at = max(w.free_at, start) + took
-                w.in_hand += 1
                 run = _Run(w, ep, bid, charged, now, start=start, took=took, offsets=offsets,
                            back_s=back_s, express=express)
-                w.runs.append(run)
-                w.runs.sort(key=lambda r: r.start)
+                bisect.insort(w.runs, run, key=lambda r: r.start)
                 seq += 1
                 heapq.heappush(done, (run.slot_back, seq, run.version, run))
 
     def complete(t: float, run: _Run) -> None:
         w, ep, bid, batch, dispatched = (run.worker, run.endpoint, run.batch_id, run.charged,
                                          run.dispatched)
-        w.in_hand -= 1
         w.runs.remove(run)
         budget = config.endpoints[ep].max_batch_tokens
         tokens = sum(e.tokens for e, _ in batch)
