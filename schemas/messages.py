@@ -250,6 +250,10 @@ class Result(Message, kw_only=True):
     received_ms: Int64 | None = None
     taken_ms: Int64 | None = None
     started_ms: Int64 | None = None
+    #: Served in an express batch (``Batch.express``): one request of an org
+    #: that came in with nothing held, sent ahead of the orgs' turns, so a
+    #: replay leaves its batch out of Jain's index as the simulator does.
+    express: bool = False
 
 
 class BatchTiming(Message, kw_only=True):

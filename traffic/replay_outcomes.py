@@ -184,7 +184,8 @@ def outcomes_of(config: Config, items: Sequence[ReplayItem],
             admitted_s=rel(res.admitted_ms), dispatched_s=rel(res.dispatched_ms),
             completed_s=rel(done_ms), batch_id=res.batch_id,
             batch_tokens=batch_tokens.get(res.batch_id) if res.batch_id else None,
-            batch_budget=ep.max_batch_tokens if ep and res.batch_id else None))
+            batch_budget=ep.max_batch_tokens if ep and res.batch_id else None,
+            express=res.express))
     return out
 
 
@@ -201,9 +202,12 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
     request still on its way cannot be chosen, and counting it would blame
     the scheduler for batches it assembled before the request existed for
     it; under load the hop is longer, so a set seen across fewer than
-    ``min_batches`` batches is not counted. Cost is tokens. Returns the
-    index of the set with the most served tokens and the ten largest sets,
-    as the simulator reports them.
+    ``min_batches`` batches is not counted. An express batch
+    (``Outcome.express``) takes its requests out of the held counts but is
+    not counted, as in the simulator: it shares nothing out among the
+    backlogged orgs. Cost is tokens. Returns the index of the set with the
+    most served tokens and the ten largest sets, as the simulator reports
+    them.
     """
     from traffic.simulate import JainGroup, count_backlogged
 
@@ -240,7 +244,8 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
             for m in what:
                 change(m, -1)
                 served[(m.tier, m.org)] = served.get((m.tier, m.org), 0.0) + m.tokens
-            count_backlogged(groups, held, what[0].endpoint, served, config)
+            if not what[0].express:
+                count_backlogged(groups, held, what[0].endpoint, served, config)
     ranked = [g for g in sorted(groups.values(), key=lambda g: -sum(g.served.values()))
               if g.batches >= min_batches]
     return (round(ranked[0].index, 6) if ranked else None), [g.to_json() for g in ranked[:10]]

@@ -67,6 +67,9 @@ class Outcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``batch_budget`` is the endpoint's ``max_batch_tokens``, so
     ``batch_tokens / batch_budget`` is the fill of the request's batch.
     ``cost`` is what the scheduler charged the org, where the run knows it.
+    ``express``: its batch was an express batch (``schemas.messages.Batch``),
+    which takes a fresh org's request ahead of the turns and so shares
+    nothing out among the backlogged orgs.
     """
 
     id: str
@@ -84,6 +87,7 @@ class Outcome(msgspec.Struct, kw_only=True, omit_defaults=True):
     batch_id: str | None = None
     batch_tokens: int | None = None
     batch_budget: int | None = None
+    express: bool = False
 
     @property
     def latency_s(self) -> float | None:
@@ -129,7 +133,7 @@ def summarize(outcomes: Sequence[Outcome], **extra: Any) -> dict[str, Any]:
     served_share, served_tokens}``, ``tiers`` (the same, per tier),
     ``totals``, ``throughput_rps``, ``makespan_s``, ``rejections``
     (``"<status>: <reason>"`` -> count, for every request not ``ok``),
-    ``batches.{count, mean_fill, p50_fill, mean_requests}`` and
+    ``batches.{count, express, mean_fill, p50_fill, mean_requests}`` and
     ``jain_index`` (None unless given in ``extra``).
     """
     orgs: dict[str, dict[str, Any]] = {}
@@ -138,6 +142,7 @@ def summarize(outcomes: Sequence[Outcome], **extra: Any) -> dict[str, Any]:
     lat_tier: dict[str, list[float]] = {}
     rejections: dict[str, int] = {}
     batches: dict[str, tuple[int, int, int]] = {}
+    express: set[str] = set()
     totals = dict.fromkeys(("requests", "completed", *STATUSES[1:]), 0)
     served_total = 0.0
     first, last = float("inf"), float("-inf")
@@ -167,6 +172,8 @@ def summarize(outcomes: Sequence[Outcome], **extra: Any) -> dict[str, Any]:
             if o.batch_id is not None and o.batch_tokens is not None:
                 n = batches.get(o.batch_id, (0, 0, 0))[0]
                 batches[o.batch_id] = (n + 1, o.batch_tokens, o.batch_budget or 0)
+                if o.express:
+                    express.add(o.batch_id)
         else:
             orgs[o.org][o.status] += 1
             tiers[o.tier or "-"][o.status] += 1
@@ -189,6 +196,7 @@ def summarize(outcomes: Sequence[Outcome], **extra: Any) -> dict[str, Any]:
         "rejections": dict(sorted(rejections.items(), key=lambda kv: -kv[1])),
         "batches": {
             "count": len(batches),
+            "express": len(express),
             "mean_fill": round(sum(fills) / len(fills), 4) if fills else None,
             "p50_fill": round(percentile(fills, 50), 4) if fills else None,
             "mean_requests": round(sum(n for n, _, _ in batches.values()) / len(batches), 2)
@@ -247,7 +255,9 @@ def format_table(summary: dict[str, Any], *, max_orgs: int = 20) -> str:
         f"expired {t['expired']}, invalid {t['invalid']}, failed {t['failed']}, "
         f"missing {t['missing']}"
         f"\nthroughput {summary['throughput_rps']:,.1f} requests/s over "
-        f"{summary['makespan_s']:,.2f} s; {b['count']} batches, mean fill {fill}"
+        f"{summary['makespan_s']:,.2f} s; {b['count']} batches"
+        + (f" ({b['express']} express)" if b.get("express") else "")
+        + f", mean fill {fill}"
         f"\nJain's index over backlogged orgs (served cost / weight): {jain_text}"
     )
     groups = summary.get("jain") or []

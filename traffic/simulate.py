@@ -497,7 +497,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                                     admitted_s=entered.get(e.id, e.arrival),
                                     dispatched_s=dispatched,
                                     completed_s=t if offsets is None else start + offsets[k],
-                                    batch_id=bid, batch_tokens=tokens, batch_budget=budget))
+                                    batch_id=bid, batch_tokens=tokens, batch_budget=budget,
+                                    express=run.express))
         shares = s.service.shares_s([e.tokens for e, _ in batch])
         sched.feedback(ep, [(e.org, e.tokens, t) for (e, _), t in zip(batch, shares, strict=True)])
 

@@ -649,6 +649,6 @@ class BatchExecutor:
             admitted_ms=req.admitted_ms, dispatched_ms=batch.created_ms,
             completed_ms=_now_ms(), inference_ms=round(seconds * 1000, 3),
             fetched_ms=req.fetched_ms, received_ms=req.received_ms, started_ms=started_ms,
-            **fields,
+            express=batch.express, **fields,
         )
         return Served(req, result, seconds)

@@ -70,10 +70,11 @@ def test_latency_is_clamped_between_send_and_receipt():
 
 
 def outcome(i: int, org: str, admitted: float, dispatched: float, batch: str,
-            tokens: int = 100) -> Outcome:
+            tokens: int = 100, express: bool = False) -> Outcome:
     return Outcome(id=f"{org}-{i}", org=org, tier="standard", endpoint="embed", status="ok",
                    arrival_s=admitted, admitted_s=admitted, dispatched_s=dispatched,
-                   completed_s=dispatched + 0.1, batch_id=batch, tokens=tokens)
+                   completed_s=dispatched + 0.1, batch_id=batch, tokens=tokens,
+                   express=express)
 
 
 def test_live_jain_is_one_when_backlogged_orgs_share_equally():
@@ -93,6 +94,32 @@ def test_live_jain_is_half_when_one_waiting_org_gets_everything():
     outs.append(outcome(0, "quiet-1", 0.5, 20.0, "b-last"))
     index, _ = live_jain(outs, CONFIG)
     assert index == pytest.approx(0.5)
+
+
+def test_live_jain_leaves_express_batches_out_as_the_simulator_does():
+    """Two orgs share ten batches alike (1.0); between them, express batches take one
+    org's fresh requests ahead of the turns. Counted, they would favour it (0.9 and below);
+    left out, the index stays 1.0, and the express requests still leave the held counts."""
+    outs = []
+    for b in range(10):
+        for org in ("bulkcorp", "searchco"):
+            outs.append(outcome(b, org, 0.0, 1.0 + b, f"b{b}"))
+        outs.append(outcome(100 + b, "searchco", 0.5 + b, 1.5 + b, f"x{b}", tokens=400,
+                            express=True))
+    index, groups = live_jain(outs, CONFIG)
+    assert index == pytest.approx(1.0)
+    # The last regular batch takes both orgs' last turn requests: nine counted.
+    assert groups[0]["batches"] == 9
+    assert groups[0]["served_cost"] == {"bulkcorp": 900.0, "searchco": 900.0}
+
+
+def test_a_results_express_flag_reaches_its_outcome():
+    """outcomes_of copies Result.express, which live_jain reads."""
+    items = [item(0), item(1)]
+    got = [(Result(id="a", status="ok", batch_id="x1", express=True), WALL0 + 0.3),
+           (Result(id="b", status="ok", batch_id="b1"), WALL0 + 0.4)]
+    out = outcomes_of(CONFIG, items, got, [WALL0, WALL0], {}, WALL0)
+    assert [o.express for o in out] == [True, False]
 
 
 def test_live_jain_none_when_nobody_waited_together():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import msgspec
 import pytest
 
 from traffic.report import (
@@ -62,7 +63,18 @@ def test_summary_counts_latency_and_share():
     assert s["rejections"] == {"rejected: rate_limited": 1, "expired: deadline_passed": 1}
     assert s["throughput_rps"] == pytest.approx(4 / 3.0, abs=1e-3)
     assert s["batches"]["count"] == 2 and s["batches"]["mean_fill"] == pytest.approx(0.5)
+    assert s["batches"]["express"] == 0
     assert s["jain_index"] is None
+
+
+def test_summary_counts_express_batches_once_each():
+    """Two requests in one express batch and one in another: two express batches of three."""
+    outs = [ok("a1", "a", 0.0, 1.0), *(
+        msgspec.structs.replace(ok(f"q{i}", "q", 0.0, 1.0, batch=b), express=True)
+        for i, b in enumerate(("x1", "x1", "x2")))]
+    s = summarize(outs)
+    assert (s["batches"]["count"], s["batches"]["express"]) == (3, 2)
+    assert "3 batches (2 express)" in format_table(s)
 
 
 def test_summary_uses_cost_when_known():

@@ -44,6 +44,18 @@ async def test_every_request_gets_one_ok_result_with_vectors():
     assert len(steps) > 1  # published in several steps, not all at the end
 
 
+async def test_each_result_says_whether_its_batch_was_express():
+    """A replay leaves express batches out of Jain's index: the flag must reach the result."""
+    ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", max_padded_tokens=8, max_size=2,
+                       inline=True)
+    for express in (True, False):
+        b = Batch(id="b", endpoint="e", requests=[req(i) for i in range(3)], tokens=9,
+                  created_ms=3, express=express)
+        results = [r for s in await collect(ex, b) for r in s]
+        assert len(results) == 3
+        assert [r.express for r in results] == [express] * 3
+
+
 async def test_first_chosen_requests_come_back_first():
     """With order kept by window, the first request's result precedes the last one's."""
     ex = BatchExecutor(FakeEmbedder(), "embed", worker="w", max_padded_tokens=4, max_size=1,
