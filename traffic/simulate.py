@@ -26,8 +26,9 @@ The model (discrete events, no wall clock anywhere):
 * **Express batches** (``SimSettings.express``, on as live; DRR only): with
   every slot taken, an org that came in with nothing held goes out at once
   in a batch of its own (:meth:`Scheduler.has_fresh`), one per worker until
-  it starts, beyond the slots; it runs after the batch in progress and the
-  batches queued behind that move back by its time. It is not a share-out
+  it starts (calibrated: until the scheduler hears so, the feedback hop later;
+  it looks again at that moment), beyond the slots; it runs after the batch
+  in progress and the batches queued behind that move back by its time. It is not a share-out
   among backlogged orgs, so the Jain accounting below leaves it out.
 * **Service time** of a batch: ``overhead_ms + ms_per_token x batch
   tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
@@ -305,10 +306,11 @@ class _Worker:
     def in_hand(self) -> int:
         return len(self.runs)
 
-    def holds_express(self, now: float) -> bool:
-        """Does it hold an express batch not started by ``now``? (The live worker returns
-        a batch's credit as it starts it, an express one's too.)"""
-        return any(r.express and r.start > now for r in self.runs)
+    def holds_express(self, now: float, lag_s: float = 0.0) -> bool:
+        """Does it hold an express batch the scheduler cannot yet know started by ``now``?
+        (The live worker returns a batch's credit as it starts it, an express one's too;
+        the scheduler hears of it ``lag_s`` later, the fitted feedback hop.)"""
+        return any(r.express and r.start + lag_s > now for r in self.runs)
 
     def place_express(self, at: float, took: float) -> tuple[float, list[_Run]]:
         """Where an express batch arriving at ``at`` runs: after the batch running then (if
@@ -344,6 +346,9 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     # Batches in flight: (slot back at, seq, the run's version then, run); an event
     # whose version is not its run's is stale (the run moved, and was pushed again).
     done: list[tuple[float, int, int, _Run]] = []
+    #: When the scheduler hears an express batch started: its worker may take the next
+    #: one then, so it looks again at that moment, not only at the next arrival or done.
+    wakes: list[float] = []
     seq = 0
     n_batches = 0
     state_every = config.service.state_interval_ms / 1000.0
@@ -436,7 +441,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                     # Every slot taken: the live scheduler's express batch, one request
                     # of each org that came in with nothing held; one per worker until
                     # that one starts.
-                    spare = [x for x in pool if not x.holds_express(now)]
+                    lag = 0.0 if pipe is None else pipe.feedback_s(ep)
+                    spare = [x for x in pool if not x.holds_express(now, lag)]
                     if not (s.express and spare and sched.has_fresh(ep)):
                         break
                     w, express = min(spare, key=lambda x: x.free_at), True
@@ -480,6 +486,9 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                 bisect.insort(w.runs, run, key=lambda r: r.start)
                 seq += 1
                 heapq.heappush(done, (run.slot_back, seq, run.version, run))
+                if express:
+                    # The scheduler hears it started (the feedback hop after): look again.
+                    heapq.heappush(wakes, start + (0.0 if pipe is None else pipe.feedback_s(ep)))
 
     def complete(t: float, run: _Run) -> None:
         w, ep, bid, batch, dispatched = (run.worker, run.endpoint, run.batch_id, run.charged,
@@ -521,10 +530,13 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         t_arrival = enter[arrivals[i]] if i < n else inf
         t_done = done[0][0] if done else inf
         t_deadline = sched.next_deadline()
-        t = min(t_arrival, t_done, inf if t_deadline is None else t_deadline)
+        t = min(t_arrival, t_done, wakes[0] if wakes else inf,
+                inf if t_deadline is None else t_deadline)
         if t == inf:
             break
         now = t
+        while wakes and wakes[0] <= now:
+            heapq.heappop(wakes)
         while done and done[0][0] <= now:
             t_end, _, version, run = heapq.heappop(done)
             if version == run.version:  # else moved back by an express batch: pushed again

@@ -200,6 +200,43 @@ def test_one_express_batch_per_worker_until_it_starts():
     })
 
 
+class _LateNews:
+    """A pipeline where the scheduler hears of a worker's news 50 ms late, and a worker
+    returns a batch's credit 30 ms before its end (at its last call's start, as live);
+    nothing else lags."""
+
+    def enter_times(self, records):
+        return [r.ts for r in records]
+
+    def delivery_s(self, endpoint):
+        return 0.0
+
+    def feedback_s(self, endpoint):
+        return 0.05
+
+    def slots(self, endpoint):
+        return None
+
+    def serve(self, endpoint, entries):
+        took = ROUND.batch_s(sum(e.tokens for e in entries))
+        return took, [took] * len(entries), took - 0.03
+
+
+def test_the_next_express_batch_goes_when_the_scheduler_hears_the_one_before_started():
+    """q1's express batch starts at 0.11 (f1's end); the scheduler hears so 50 ms later,
+    at 0.16, and sends r1 (waiting since 0.06) then: not at 0.13, when f1's credit is
+    heard (q1 not known to have started), nor at the next event after 0.16."""
+    cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
+    trace = F4 + [rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=0.06)]
+    res = simulate(cfg, trace, SimSettings(service=ROUND, slots=2, pipeline=_LateNews()))
+    got = {o.id: o for o in res.outcomes}
+    assert (got["q1"].express, got["r1"].express) == (True, True)
+    assert got["q1"].dispatched_s == pytest.approx(0.05)
+    assert got["r1"].dispatched_s == pytest.approx(0.16)
+    # r1 runs after q1 (0.11..0.22): 0.22..0.33.
+    assert got["r1"].completed_s == pytest.approx(0.33)
+
+
 def test_no_express_batch_under_fifo():
     """FIFO serves in arrival order: q1 is not taken ahead (the live lane says so too)."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
