@@ -27,8 +27,9 @@ The model (discrete events, no wall clock anywhere):
   every slot taken, an org that came in with nothing held goes out at once
   in a batch of its own (:meth:`Scheduler.has_fresh`), one per worker until
   it starts (calibrated: until the scheduler hears so, the feedback hop later;
-  it looks again at that moment), beyond the slots; it runs after the batch
-  in progress and the batches queued behind that move back by its time. It is not a share-out
+  it looks again at that moment), beyond the slots; it runs after the model
+  call in progress (the whole batch uncalibrated, one micro-batch with
+  ``--calibrate``) and the calls queued behind that move back by its time. It is not a share-out
   among backlogged orgs, so the Jain accounting below leaves it out.
 * **Service time** of a batch: ``overhead_ms + ms_per_token x batch
   tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
@@ -273,7 +274,7 @@ class _Run:
     relative to its end."""
 
     __slots__ = ("back_s", "batch_id", "charged", "dispatched", "endpoint", "express",
-                 "offsets", "start", "took", "version", "worker")
+                 "offsets", "paused_s", "start", "took", "version", "worker")
 
     def __init__(self, worker: _Worker, endpoint: str, batch_id: str,
                  charged: list[tuple[Entry, float]], dispatched: float, *, start: float,
@@ -282,7 +283,9 @@ class _Run:
         self.charged, self.dispatched = charged, dispatched
         self.start, self.took, self.offsets, self.back_s = start, took, offsets, back_s
         self.express = express
-        #: Bumped when ``start`` moves: the done event pushed before it is stale.
+        #: Of ``took``, the time express calls ran between its own calls.
+        self.paused_s = 0.0
+        #: Bumped when ``start`` or ``took`` moves: the done event pushed before it is stale.
         self.version = 0
 
     @property
@@ -313,16 +316,36 @@ class _Worker:
         return any(r.express and r.start + lag_s > now for r in self.runs)
 
     def place_express(self, at: float, took: float) -> tuple[float, list[_Run]]:
-        """Where an express batch arriving at ``at`` runs: after the batch running then (if
-        any), ahead of every batch not started by then; (its start, the batches it moves)."""
-        start = at
-        for r in self.runs:
+        """Where an express batch arriving at ``at`` runs: after the model call running then
+        (if any), ahead of every call not started by then; (its start, the batches it moves).
+
+        As live (:mod:`worker.model_thread`), the call in progress is one micro-batch when
+        the run knows its calls (``offsets``, calibrated): the express call goes between it
+        and the running batch's next call, whose results and end move back by ``took``.
+        Uncalibrated, a batch is one call, so the express call follows the whole batch.
+        """
+        running = None
+        for r in self.runs:  # in start order: the latest started one holds the model
             if r.start <= at < r.start + r.took:
-                start = r.start + r.took
+                running = r
+        start, split = at, None
+        if running is not None:
+            start = running.start + running.took
+            if running.offsets:
+                call_end = min((o for o in running.offsets if running.start + o > at),
+                               default=running.took)
+                if call_end < running.took:  # not its last call: the express goes next
+                    start, split = running.start + call_end, call_end
         moved = [r for r in self.runs if r.start >= start]
         for r in moved:
             r.start += took
             r.version += 1
+        if running is not None and split is not None:
+            running.offsets = [o + took if o > split else o for o in running.offsets]
+            running.took += took
+            running.paused_s += took
+            running.version += 1
+            moved.append(running)
         return start, moved
 
 
@@ -497,7 +520,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         budget = config.endpoints[ep].max_batch_tokens
         tokens = sum(e.tokens for e, _ in batch)
         start, took, offsets = run.start, run.took, run.offsets
-        rate = tokens / took
+        rate = tokens / (took - run.paused_s)
         if tokens >= budget // 2:  # as the live ServiceRate: small batches are mostly overhead
             w.tokens_per_s = rate if not w.tokens_per_s else 0.8 * w.tokens_per_s + 0.2 * rate
         for k, (e, c) in enumerate(batch):

@@ -13,6 +13,8 @@ grant of ``quantum x weight``; the budget is ``max_batch_tokens``.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from schemas.config import parse_config
@@ -235,6 +237,66 @@ def test_the_next_express_batch_goes_when_the_scheduler_hears_the_one_before_sta
     assert got["r1"].dispatched_s == pytest.approx(0.16)
     # r1 runs after q1 (0.11..0.22): 0.22..0.33.
     assert got["r1"].completed_s == pytest.approx(0.33)
+
+
+class _OneCallPerRequest:
+    """A calibrated worker that runs each request of a batch as a call of its own (0.11 s
+    for 100 tokens) and returns the batch's credit as its last call starts; no hops."""
+
+    def enter_times(self, records):
+        return [r.ts for r in records]
+
+    def delivery_s(self, endpoint):
+        return 0.0
+
+    def feedback_s(self, endpoint):
+        return 0.0
+
+    def slots(self, endpoint):
+        return None
+
+    def serve(self, endpoint, entries):
+        ends = list(itertools.accumulate(ROUND.batch_s(e.tokens) for e in entries))
+        return ends[-1], ends, ends[-2] if len(ends) > 1 else 0.0
+
+
+def test_an_express_call_runs_after_the_call_in_progress_not_after_the_whole_batch():
+    """Budget 200, one slot: f1 and f2 go out together, run as two calls (0..0.11,
+    0.11..0.22). q1 comes at 0.05: its express call runs when f1's call ends, 0.11..0.22,
+    and f2's call moves back to 0.22..0.33, as the live worker's model thread orders them.
+    The batch's credit comes back as its last call starts (0.22): f3 and f4 then."""
+    cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=200)
+    trace = F4 + [rec("q1", "q", 100, ts=0.05)]
+    res = simulate(cfg, trace, SimSettings(service=ROUND, slots=1,
+                                           pipeline=_OneCallPerRequest()))
+    got = {o.id: (o.dispatched_s, o.completed_s) for o in res.outcomes}
+    assert got == {"f1": (0.0, pytest.approx(0.11)), "f2": (0.0, pytest.approx(0.33)),
+                   "q1": (0.05, pytest.approx(0.22)),
+                   "f3": (pytest.approx(0.22), pytest.approx(0.44)),
+                   "f4": (pytest.approx(0.22), pytest.approx(0.55))}
+
+
+def test_a_batch_split_by_an_express_call_is_measured_at_its_own_speed():
+    """The rate the throttle divides by is the batches' own: f1+f2's 200 tokens took 0.22 s
+    of calls, not the 0.33 s the express call stretched them to (all calls run at
+    200 / 0.22 tokens/s, so the snapshot says exactly that)."""
+
+    class Watching:
+        def __init__(self):
+            self.rates: list[float] = []
+
+        def observe(self, state, now):
+            self.rates.append(state.lanes[ENDPOINT].tokens_per_s)
+
+        def admit(self, record, tier, now):
+            return None
+
+    cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=200)
+    trace = F4 + [rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=1.0)]
+    watch = Watching()
+    simulate(cfg, trace, SimSettings(service=ROUND, slots=1, pipeline=_OneCallPerRequest(),
+                                     admission=watch))
+    assert watch.rates[-1] == pytest.approx(200 / 0.22)
 
 
 def test_no_express_batch_under_fifo():
