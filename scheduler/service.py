@@ -417,6 +417,8 @@ class SchedulerService(Service):
             self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000,
                                done_ms=ev.sent_ms, busy_after=bool(ev.in_flight),
                                min_tokens=ep.max_batch_tokens // 2 if ep else 0,
+                               requests=ev.batch_requests,
+                               min_requests=ep.max_batch_size // 2 if ep else 0,
                                express=obs.express)
         if not obs.accepted:
             return

@@ -196,18 +196,23 @@ class ServiceRate:
 
     def observe(self, worker: str, tokens: int, seconds: float, *,
                 done_ms: float | None = None, busy_after: bool = False,
-                min_tokens: int = 0, express: bool = False) -> None:
+                min_tokens: int = 0, requests: int = 0, min_requests: int = 0,
+                express: bool = False) -> None:
         """One ``batch_done``: ``seconds`` of model time; ``done_ms`` its ``sent_ms``;
         ``busy_after``: it listed another batch in hand (``in_flight``);
         ``express``: the batch was an express one (never sets the rate; its
         time, in a busy stretch, counts against the share left to the rest).
 
-        Batches under ``min_tokens`` do not move the rate: a small batch is
+        Batches under ``min_tokens`` do not move the rate unless they hold
+        ``min_requests`` requests or more (0: no such rule): a small batch is
         mostly fixed overhead, and a rate taken from it (a warm-up request:
         ~20 tokens/s) would make the throttle refuse the next burst, which
-        full batches serve hundreds of times faster. Until a batch that size
-        has been seen the rate is unknown and the throttle stays off, which
-        is right for a system that has never been busy."""
+        full batches serve hundreds of times faster. A batch fills by either
+        limit: short requests fill ``max_batch_size`` long before
+        ``max_batch_tokens`` (64 of 16 tokens are a quarter of 4,096), and
+        such batches are the burst's real speed. Until a batch that size has
+        been seen the rate is unknown and the throttle and pacing stay off,
+        which is right for a system that has never been busy."""
         busy_before = False
         if done_ms is not None:
             prev = self._last.get(worker)
@@ -221,7 +226,7 @@ class ServiceRate:
             if busy_before or busy_after:
                 self._express_s[worker] = self._express_s.get(worker, 0.0) + seconds
             return
-        if tokens <= 0 or tokens < min_tokens:
+        if tokens <= 0 or (tokens < min_tokens and not 0 < min_requests <= requests):
             return
         taken = self._express_s.pop(worker, 0.0)
         self._ema(self._express_share, worker, taken / (taken + seconds))
@@ -266,6 +271,10 @@ class ServiceRate:
     def _net_rate(self, worker: str) -> float:
         r = self._rate.get(worker, 0.0)
         return r * (1 - min(MAX_EXPRESS_SHARE, self._express_share.get(worker, 0.0)))
+
+    def known(self, worker: str) -> bool:
+        """Has ``worker``'s rate been measured (a batch at least half full seen)?"""
+        return worker in self._rate
 
     def total(self, workers: Iterable[str]) -> float:
         """Summed rate of ``workers`` for the work they hold (0 for a worker

@@ -521,7 +521,9 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         tokens = sum(e.tokens for e, _ in batch)
         start, took, offsets = run.start, run.took, run.offsets
         rate = tokens / (took - run.paused_s)
-        if tokens >= budget // 2:  # as the live ServiceRate: small batches are mostly overhead
+        if tokens >= budget // 2 or len(batch) >= config.endpoints[ep].max_batch_size // 2:
+            # As the live ServiceRate: a batch under half full (by tokens and by count)
+            # is mostly overhead.
             w.tokens_per_s = rate if not w.tokens_per_s else 0.8 * w.tokens_per_s + 0.2 * rate
         for k, (e, c) in enumerate(batch):
             outcomes.append(Outcome(id=e.id, org=e.org, tier=e.tier, endpoint=ep, status="ok",

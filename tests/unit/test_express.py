@@ -301,6 +301,33 @@ def test_an_express_batch_reports_its_round_trip_but_not_its_speed():
     assert credit.round_trip_ms != 12.0                       # its round trip did count
 
 
+def test_the_scheduler_measures_its_rate_on_batches_full_by_count():
+    """Through the service: a batch_done of 32 short requests (half of max_batch_size,
+    a tenth of max_batch_tokens) sets the published rate; 31 of them do not."""
+    cfg = build_config(prefix="t.", endpoints={"embed": {"max_batch_tokens": 1000,
+                                                        "max_batch_size": 64,
+                                                        "max_request_tokens": 500}},
+                       orgs={"a": "free"}).config
+    svc = SchedulerService(cfg, KafkaSettings(bootstrap="127.0.0.1:9"),
+                           registry=CollectorRegistry())
+    now = 1_000_000
+
+    def report(batch_id: str, requests: int, at: int) -> None:
+        svc.flow.sent("w", batch_id, now + at - 100, requests * 3)
+        svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done",
+                                 partitions=[0], slots=2, free_slots=2, sent_ms=now + at,
+                                 in_flight=[], batch_id=batch_id, batch_tokens=requests * 3,
+                                 batch_requests=requests, inference_ms=100, service_ms=100,
+                                 held_ms=100), now + at)
+
+    svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
+                             slots=2, free_slots=2, sent_ms=now, in_flight=[]), now)
+    report("b1", 31, 1000)
+    assert svc.rates.total(["w"]) == 0.0
+    report("b2", 32, 2000)
+    assert svc.rates.total(["w"]) == pytest.approx(96 / 0.1)
+
+
 def test_the_scheduler_takes_the_express_calls_share_from_the_rate_it_publishes():
     """Through the service: a batch the flow sent as express is reported as such to
     the service rate, so the throttle's rate leaves its call's time out of the held work's."""

@@ -299,6 +299,34 @@ def test_a_batch_split_by_an_express_call_is_measured_at_its_own_speed():
     assert watch.rates[-1] == pytest.approx(200 / 0.22)
 
 
+def test_batches_full_by_count_set_the_rate_as_live():
+    """Batches of 4 requests of 10 tokens are full by count (max_batch_size 4) at 4 % of
+    their 1,000 tokens: the simulated rate the throttle reads is theirs (40 tokens in
+    10 + 40 ms), as the live ServiceRate measures it; under half full by both, none."""
+
+    class Watching:
+        def __init__(self):
+            self.rates: list[float] = []
+
+        def observe(self, state, now):
+            self.rates.append(state.lanes[ENDPOINT].tokens_per_s)
+
+        def admit(self, record, tier, now):
+            return None
+
+    def rate(size: int, per_batch: int) -> float:
+        cfg = config_for(orgs={"f": "t0", "z": "t0"}, quantum=100, max_batch_tokens=1000,
+                         max_batch_size=size)
+        trace = [rec(f"f{i}", "f", 10) for i in range(per_batch * 3)] + [
+            rec("z1", "z", 10, ts=5.0)]
+        watch = Watching()
+        simulate(cfg, trace, SimSettings(service=ROUND, admission=watch))
+        return watch.rates[-1]
+
+    assert rate(4, 4) == pytest.approx(40 / 0.05)
+    assert rate(64, 4) == 0.0  # 4 of 64 requests and 40 of 1,000 tokens: not measured
+
+
 def test_no_express_batch_under_fifo():
     """FIFO serves in arrival order: q1 is not taken ahead (the live lane says so too)."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)

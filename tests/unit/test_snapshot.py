@@ -72,6 +72,19 @@ def test_small_batches_do_not_set_the_rate():
     assert r.total(["w"]) == 1024 / 0.25
 
 
+def test_a_batch_full_by_count_sets_the_rate_though_its_tokens_are_few():
+    """64 requests of 16 tokens fill a batch by count at a quarter of its 4,096 tokens:
+    that is the burst's real speed, and without it the throttle and pacing never start.
+    A batch under both halves (3 requests, 48 tokens) still does not count."""
+    r = ServiceRate(alpha=1.0)
+    r.observe("w", 48, 0.1, min_tokens=2048, requests=3, min_requests=32)
+    assert r.total(["w"]) == 0.0
+    r.observe("w", 1024, 0.25, min_tokens=2048, requests=64, min_requests=32)
+    assert r.total(["w"]) == 1024 / 0.25
+    r.observe("w", 1000, 0.5, min_tokens=2048, requests=31, min_requests=32)
+    assert r.total(["w"]) == 1024 / 0.25
+
+
 def test_express_calls_take_their_share_from_the_held_work():
     """Express batches go ahead of everything held: the rate left for it is the
     full batches' rate less the share of busy time their calls took."""
