@@ -414,19 +414,12 @@ class SchedulerService(Service):
             self.fairness.batch_done(ev.endpoint, ev.inference_ms / 1000,
                                      requests=ev.batch_requests, tokens=ev.batch_tokens)
             ep = self.config.endpoints.get(ev.endpoint)
-            measured = self.rates.known(ev.worker)
             self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000,
                                done_ms=ev.sent_ms, busy_after=bool(ev.in_flight),
                                min_tokens=ep.max_batch_tokens // 2 if ep else 0,
                                requests=ev.batch_requests,
                                min_requests=ep.max_batch_size // 2 if ep else 0,
                                express=obs.express)
-            if not measured and self.rates.known(ev.worker):
-                # The first rate of a worker: until admission has it, its throttle and
-                # pacing are off and a burst is relayed whole. Publish it now, not at
-                # the next tick (up to state_interval_ms later).
-                self._next_state_s = 0.0
-                self._wake.set()
         if not obs.accepted:
             return
         if obs.joined:
