@@ -29,8 +29,9 @@ The model (discrete events, no wall clock anywhere):
   it starts (calibrated: until the scheduler hears so, the feedback hop later;
   it looks again at that moment), beyond the slots; it runs after the model
   call in progress (the whole batch uncalibrated, one micro-batch with
-  ``--calibrate``) and the calls queued behind that move back by its time. It is not a share-out
-  among backlogged orgs, so the Jain accounting below leaves it out.
+  ``--calibrate``) and the calls queued behind that move back by its time.
+  It is not a share-out among backlogged orgs, so the Jain accounting below
+  leaves it out.
 * **Service time** of a batch: ``overhead_ms + ms_per_token x batch
   tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
   4,096-token batch in 1.15 s), resemble all-MiniLM-L6-v2 on a few CPU
