@@ -92,7 +92,7 @@ from scheduler.intake import TierIntake, send_result
 from scheduler.leader import LeaderElection
 from scheduler.metrics import SchedulerMetrics
 from scheduler.publish import snapshot
-from scheduler.snapshot import Backlog, ServiceRate
+from scheduler.snapshot import Backlog, ServiceRate, half_batch
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, Batch, Result, SchedulerState, WorkerEvent
@@ -414,12 +414,11 @@ class SchedulerService(Service):
             self.fairness.batch_done(ev.endpoint, ev.inference_ms / 1000,
                                      requests=ev.batch_requests, tokens=ev.batch_tokens)
             ep = self.config.endpoints.get(ev.endpoint)
+            min_tokens, min_requests = half_batch(ep) if ep else (0, 0)
             self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000,
                                done_ms=ev.sent_ms, busy_after=bool(ev.in_flight),
-                               min_tokens=ep.max_batch_tokens // 2 if ep else 0,
-                               requests=ev.batch_requests,
-                               min_requests=ep.max_batch_size // 2 if ep else 0,
-                               express=obs.express)
+                               min_tokens=min_tokens, requests=ev.batch_requests,
+                               min_requests=min_requests, express=obs.express)
         if not obs.accepted:
             return
         if obs.joined:

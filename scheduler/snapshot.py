@@ -24,10 +24,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 
+from schemas.config import Endpoint
 from schemas.messages import LaneState
 
 __all__ = ["HOP_FRESH_S", "MAX_EXPRESS_SHARE", "Backlog", "HopTime", "ServiceRate",
-           "lane_state"]
+           "half_batch", "lane_state", "sets_rate"]
 
 
 class Backlog:
@@ -154,6 +155,20 @@ class HopTime:
         return self.ms
 
 
+def half_batch(endpoint: Endpoint) -> tuple[int, int]:
+    """``(min_tokens, min_requests)`` for :func:`sets_rate`: half of a full batch of
+    ``endpoint`` by each of its limits (a batch fills by whichever comes first)."""
+    return endpoint.max_batch_tokens // 2, endpoint.max_batch_size // 2
+
+
+def sets_rate(tokens: int, requests: int, min_tokens: int, min_requests: int) -> bool:
+    """Does a batch of ``tokens`` in ``requests`` move the service rate? Only one at
+    least ``min_tokens`` or ``min_requests`` (0: no such rule) big: a smaller one is
+    mostly fixed overhead. The live rate (:class:`ServiceRate`) and the simulator's
+    (:mod:`traffic.simulate`) both ask this."""
+    return tokens > 0 and (tokens >= min_tokens or 0 < min_requests <= requests)
+
+
 class ServiceRate:
     """Tokens per second of each worker while busy: an EMA of its batch reports.
 
@@ -226,7 +241,7 @@ class ServiceRate:
             if busy_before or busy_after:
                 self._express_s[worker] = self._express_s.get(worker, 0.0) + seconds
             return
-        if tokens <= 0 or (tokens < min_tokens and not 0 < min_requests <= requests):
+        if not sets_rate(tokens, requests, min_tokens, min_requests):
             return
         taken = self._express_s.pop(worker, 0.0)
         self._ema(self._express_share, worker, taken / (taken + seconds))

@@ -94,6 +94,7 @@ from typing import Any, Protocol
 
 from scheduler.core import Policy, Scheduler
 from scheduler.entry import Entry
+from scheduler.snapshot import half_batch, sets_rate
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import LaneState, SchedulerState
 from traffic.report import Outcome, QueueSample, compare, format_table, summarize, write_report
@@ -184,7 +185,8 @@ class SimSettings:
     #: The live scheduler's express batches (``SF_SCHEDULER_EXPRESS_BATCHES``, on by
     #: default; DRR lanes only): with every slot taken, an org that came in with
     #: nothing held goes out at once in a batch of its own, one per worker until
-    #: it starts, run after the batch in progress and ahead of those queued.
+    #: it is heard to have started, run after the model call in progress and
+    #: ahead of those queued (the module's docstring has the details).
     express: bool = True
 
 
@@ -458,6 +460,9 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     def dispatch(now: float) -> None:
         nonlocal seq, n_batches
         for ep, pool in pools.items():
+            # When the scheduler hears a worker's news (an express batch started): at once
+            # uncalibrated, the fitted feedback hop later with a pipeline.
+            lag = 0.0 if pipe is None else pipe.feedback_s(ep)
             while sched.held_in(ep):
                 w = min(pool, key=lambda w: (w.in_hand, w.free_at))
                 express = False
@@ -465,7 +470,6 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                     # Every slot taken: the live scheduler's express batch, one request
                     # of each org that came in with nothing held; one per worker until
                     # that one starts.
-                    lag = 0.0 if pipe is None else pipe.feedback_s(ep)
                     spare = [x for x in pool if not x.holds_express(now, lag)]
                     if not (s.express and spare and sched.has_fresh(ep)):
                         break
@@ -511,20 +515,18 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                 seq += 1
                 heapq.heappush(done, (run.slot_back, seq, run.version, run))
                 if express:
-                    # The scheduler hears it started (the feedback hop after): look again.
-                    heapq.heappush(wakes, start + (0.0 if pipe is None else pipe.feedback_s(ep)))
+                    heapq.heappush(wakes, start + lag)  # heard to have started: look again
 
     def complete(t: float, run: _Run) -> None:
         w, ep, bid, batch, dispatched = (run.worker, run.endpoint, run.batch_id, run.charged,
                                          run.dispatched)
         w.runs.remove(run)
-        budget = config.endpoints[ep].max_batch_tokens
+        endpoint = config.endpoints[ep]
+        budget = endpoint.max_batch_tokens
         tokens = sum(e.tokens for e, _ in batch)
         start, took, offsets = run.start, run.took, run.offsets
         rate = tokens / (took - run.paused_s)
-        if tokens >= budget // 2 or len(batch) >= config.endpoints[ep].max_batch_size // 2:
-            # As the live ServiceRate: a batch under half full (by tokens and by count)
-            # is mostly overhead.
+        if sets_rate(tokens, len(batch), *half_batch(endpoint)):  # as the live ServiceRate
             w.tokens_per_s = rate if not w.tokens_per_s else 0.8 * w.tokens_per_s + 0.2 * rate
         for k, (e, c) in enumerate(batch):
             outcomes.append(Outcome(id=e.id, org=e.org, tier=e.tier, endpoint=ep, status="ok",

@@ -202,10 +202,13 @@ def test_one_express_batch_per_worker_until_it_starts():
     })
 
 
-class _LateNews:
-    """A pipeline where the scheduler hears of a worker's news 50 ms late, and a worker
-    returns a batch's credit 30 ms before its end (at its last call's start, as live);
-    nothing else lags."""
+class _Pipeline:
+    """A calibrated pipeline with no admission or delivery delay: the scheduler hears a
+    worker's news ``feedback_s`` late, and ``serve`` times a batch (``Pipeline.serve``)."""
+
+    def __init__(self, feedback_s, serve):
+        self.feedback = feedback_s
+        self.serve = serve
 
     def enter_times(self, records):
         return [r.ts for r in records]
@@ -214,14 +217,45 @@ class _LateNews:
         return 0.0
 
     def feedback_s(self, endpoint):
-        return 0.05
+        return self.feedback
 
     def slots(self, endpoint):
         return None
 
-    def serve(self, endpoint, entries):
+
+def _late_news():
+    """News 50 ms late; a batch is one call, its credit back 30 ms before its end (at
+    its last call's start, as live)."""
+
+    def serve(endpoint, entries):
         took = ROUND.batch_s(sum(e.tokens for e in entries))
         return took, [took] * len(entries), took - 0.03
+
+    return _Pipeline(0.05, serve)
+
+
+def _one_call_per_request():
+    """No hops; each request of a batch a call of its own (0.11 s for 100 tokens), the
+    batch's credit back as its last call starts."""
+
+    def serve(endpoint, entries):
+        ends = list(itertools.accumulate(ROUND.batch_s(e.tokens) for e in entries))
+        return ends[-1], ends, ends[-2] if len(ends) > 1 else 0.0
+
+    return _Pipeline(0.0, serve)
+
+
+class _Watching:
+    """Admission that admits everything and keeps the lane's rate of every snapshot."""
+
+    def __init__(self):
+        self.rates: list[float] = []
+
+    def observe(self, state, now):
+        self.rates.append(state.lanes[ENDPOINT].tokens_per_s)
+
+    def admit(self, record, tier, now):
+        return None
 
 
 def test_the_next_express_batch_goes_when_the_scheduler_hears_the_one_before_started():
@@ -230,34 +264,13 @@ def test_the_next_express_batch_goes_when_the_scheduler_hears_the_one_before_sta
     heard (q1 not known to have started), nor at the next event after 0.16."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
     trace = F4 + [rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=0.06)]
-    res = simulate(cfg, trace, SimSettings(service=ROUND, slots=2, pipeline=_LateNews()))
+    res = simulate(cfg, trace, SimSettings(service=ROUND, slots=2, pipeline=_late_news()))
     got = {o.id: o for o in res.outcomes}
     assert (got["q1"].express, got["r1"].express) == (True, True)
     assert got["q1"].dispatched_s == pytest.approx(0.05)
     assert got["r1"].dispatched_s == pytest.approx(0.16)
     # r1 runs after q1 (0.11..0.22): 0.22..0.33.
     assert got["r1"].completed_s == pytest.approx(0.33)
-
-
-class _OneCallPerRequest:
-    """A calibrated worker that runs each request of a batch as a call of its own (0.11 s
-    for 100 tokens) and returns the batch's credit as its last call starts; no hops."""
-
-    def enter_times(self, records):
-        return [r.ts for r in records]
-
-    def delivery_s(self, endpoint):
-        return 0.0
-
-    def feedback_s(self, endpoint):
-        return 0.0
-
-    def slots(self, endpoint):
-        return None
-
-    def serve(self, endpoint, entries):
-        ends = list(itertools.accumulate(ROUND.batch_s(e.tokens) for e in entries))
-        return ends[-1], ends, ends[-2] if len(ends) > 1 else 0.0
 
 
 def test_an_express_call_runs_after_the_call_in_progress_not_after_the_whole_batch():
@@ -268,7 +281,7 @@ def test_an_express_call_runs_after_the_call_in_progress_not_after_the_whole_bat
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=200)
     trace = F4 + [rec("q1", "q", 100, ts=0.05)]
     res = simulate(cfg, trace, SimSettings(service=ROUND, slots=1,
-                                           pipeline=_OneCallPerRequest()))
+                                           pipeline=_one_call_per_request()))
     got = {o.id: (o.dispatched_s, o.completed_s) for o in res.outcomes}
     assert got == {"f1": (0.0, pytest.approx(0.11)), "f2": (0.0, pytest.approx(0.33)),
                    "q1": (0.05, pytest.approx(0.22)),
@@ -280,21 +293,10 @@ def test_a_batch_split_by_an_express_call_is_measured_at_its_own_speed():
     """The rate the throttle divides by is the batches' own: f1+f2's 200 tokens took 0.22 s
     of calls, not the 0.33 s the express call stretched them to (all calls run at
     200 / 0.22 tokens/s, so the snapshot says exactly that)."""
-
-    class Watching:
-        def __init__(self):
-            self.rates: list[float] = []
-
-        def observe(self, state, now):
-            self.rates.append(state.lanes[ENDPOINT].tokens_per_s)
-
-        def admit(self, record, tier, now):
-            return None
-
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=200)
     trace = F4 + [rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=1.0)]
-    watch = Watching()
-    simulate(cfg, trace, SimSettings(service=ROUND, slots=1, pipeline=_OneCallPerRequest(),
+    watch = _Watching()
+    simulate(cfg, trace, SimSettings(service=ROUND, slots=1, pipeline=_one_call_per_request(),
                                      admission=watch))
     assert watch.rates[-1] == pytest.approx(200 / 0.22)
 
@@ -304,22 +306,12 @@ def test_batches_full_by_count_set_the_rate_as_live():
     their 1,000 tokens: the simulated rate the throttle reads is theirs (40 tokens in
     10 + 40 ms), as the live ServiceRate measures it; under half full by both, none."""
 
-    class Watching:
-        def __init__(self):
-            self.rates: list[float] = []
-
-        def observe(self, state, now):
-            self.rates.append(state.lanes[ENDPOINT].tokens_per_s)
-
-        def admit(self, record, tier, now):
-            return None
-
     def rate(size: int, per_batch: int) -> float:
         cfg = config_for(orgs={"f": "t0", "z": "t0"}, quantum=100, max_batch_tokens=1000,
                          max_batch_size=size)
         trace = [rec(f"f{i}", "f", 10) for i in range(per_batch * 3)] + [
             rec("z1", "z", 10, ts=5.0)]
-        watch = Watching()
+        watch = _Watching()
         simulate(cfg, trace, SimSettings(service=ROUND, admission=watch))
         return watch.rates[-1]
 
