@@ -23,7 +23,8 @@ those orgs (``shares``). ``--shape-org-per-s R`` runs admission with
 ``shape_org_per_s = R`` (``producer/shaping.py``; off by default). Admission
 paces as deployed (``pace_backlog_s``, ``producer/pacing.py``); to measure
 without it, run with ``SF_ADMISSION_PACE_BACKLOG_S=0`` in the environment
-(the services inherit it).
+(the services inherit it), and without pacing before the first measured
+rate only, ``SF_ADMISSION_PACE_COLD_BATCHES=0``.
 
 Prints per layout and org: p99 without / with the burst / with the larger
 burst, the margin to the bound, and the quiet orgs' stage split (p99) under

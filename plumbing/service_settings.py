@@ -55,6 +55,11 @@ class AdmissionSettings(ServiceSettings, frozen=True):
         "(producer/pacing.py, with what it costs). Lanes that serve orgs in turns only "
         "(not FIFO); nothing is paced without a fresh snapshot. 0: no pacing.",
         ge=0)] = 1.0
+    pace_cold_batches: Annotated[float, doc(
+        "Before a lane's rate is measured, an org is paced while the scheduler holds this "
+        "many full batches (max_batch_tokens) for it: the burst's first second is not all "
+        "relayed in the window before the first rate (producer/pacing.py). 0: nothing is "
+        "paced before a measured rate.", ge=0)] = 4.0
     shape_org_burst: Annotated[int, doc(
         "Records one org may have decided at once before shape_org_per_s applies.",
         ge=1)] = 200

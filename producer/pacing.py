@@ -30,8 +30,17 @@ turns it off):
 * a paced request's refusal (the throttle's, from the time it waited) comes
   when it is decided, not when it was fetched.
 
-Without a fresh snapshot with a measured rate nothing is paced (a fresh
-pipeline, a failover): the records are decided at once, as before.
+Before a lane's rate is measured (its first batches are still running, or
+its batches so far were too small to measure), the lane is taken to serve
+``cold_batches`` full batches (``max_batch_tokens`` each) per ``limit_s``
+(:func:`cold_rates`, ``AdmissionSettings.pace_cold_batches``): an org with
+that much held waits, rather than a burst's whole first second being relayed
+in the window before the first rate. That window is where
+``bench/isolation.py`` found the quiet requests over their bound. Held
+tokens only count: a lane whose batches are full by count holds fewer
+requests than the assumed rate serves, so the guess errs on relaying more.
+Without a fresh snapshot nothing is paced (a fresh pipeline, a failover): the
+records are decided at once, as before.
 
 Pure: no clock (the backlog is a function of the key), no I/O.
 """
@@ -40,11 +49,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-__all__ = ["RECHECK_S", "Pacer"]
+from schemas.config import Config
+
+__all__ = ["RECHECK_S", "Pacer", "cold_rates"]
 
 #: How long a paced org waits before its backlog is looked at again: a
 #: fraction of the scheduler's snapshot interval (250 ms by default).
 RECHECK_S = 0.05
+
+
+def cold_rates(config: Config, limit_s: float, cold_batches: float) -> dict[str, float]:
+    """Each endpoint's assumed rate (tokens per second) before one is measured: ``cold_batches``
+    full batches per ``limit_s``, so an org is paced at ``cold_batches`` full batches held.
+    Empty when ``cold_batches`` is 0 (nothing paced before a measured rate)."""
+    if not cold_batches > 0 or not limit_s > 0:
+        return {}
+    return {name: cold_batches * ep.max_batch_tokens / limit_s
+            for name, ep in config.endpoints.items()}
 
 
 class Pacer:

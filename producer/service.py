@@ -79,7 +79,7 @@ from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from producer.admission import Admission, Admitted, DeadLetterReason, Outcome, Refused
 from producer.metrics import AdmissionMetrics, LogSampler
-from producer.pacing import Pacer
+from producer.pacing import Pacer, cold_rates
 from producer.ratelimit import RateLimiter
 from producer.readahead import ReadAhead
 from producer.shaping import Shaper
@@ -196,6 +196,8 @@ class AdmissionService(Service):
         self._shaper = (Shaper(s.shape_org_per_s, s.shape_org_burst)
                         if s.shape_org_per_s > 0 else None)
         self._prune_at_s = 0.0
+        #: The config the pacer's assumed rates are of, and those rates (a reload redoes them).
+        self._cold_rates: tuple[Config | None, dict[str, float]] = (None, {})
         self._offsets = OffsetTracker()
         self._generation: tuple[int, str] | None = None
         self._next_commit_s = 0.0
@@ -317,8 +319,12 @@ class AdmissionService(Service):
         limit = self.settings.pace_backlog_s
         if not limit > 0 or not self.throttle.is_fresh(now_ms := self.now_ms()):
             return shaper
-        return Pacer(functools.partial(self.throttle.org_backlog_s, now_ms=now_ms), limit,
-                     shaper)
+        of, cold = self._cold_rates
+        if of is not self.config:
+            cold = cold_rates(self.config, limit, self.settings.pace_cold_batches)
+            self._cold_rates = (self.config, cold)
+        return Pacer(functools.partial(self.throttle.org_backlog_s, now_ms=now_ms,
+                                       cold_tokens_per_s=cold), limit, shaper)
 
     # -- the loop --------------------------------------------------------
 

@@ -232,15 +232,18 @@ class ThrottleState:
     def age_ms(self, now_ms: float) -> float | None:
         return None if self.state is None else now_ms - self.state.sent_ms
 
-    def org_backlog_s(self, org: str, now_ms: float) -> float | None:
+    def org_backlog_s(self, org: str, now_ms: float,
+                      cold_tokens_per_s: Mapping[str, float] | None = None) -> float | None:
         """Seconds of service the scheduler holds for ``org``, as far as this instance can tell.
 
         The most over the lanes that serve orgs in turns (``LaneState.turns``)
-        and have a measured rate: the org's held tokens in the snapshot (0 if
-        it is not among the top few listed) plus what this instance admitted
-        for it since, over the lane's whole rate (the org alone would be
-        served that fast; sharing the lane, slower: an estimate on the low
-        side). None: no fresh snapshot, or no such lane.
+        and have a rate: the org's held tokens in the snapshot (0 if it is
+        not among the top few listed) plus what this instance admitted for
+        it since, over the lane's whole rate (the org alone would be served
+        that fast; sharing the lane, slower: an estimate on the low side).
+        The rate is the measured one, or before one is measured the lane's
+        ``cold_tokens_per_s[endpoint]``, where given (admission's assumed
+        rate: :mod:`producer.pacing`). None: no fresh snapshot, or no such lane.
         """
         st = self.state
         if st is None or not self.is_fresh(now_ms):
@@ -248,13 +251,18 @@ class ThrottleState:
         most: float | None = None
         key = ("org", org)
         for endpoint, lane in st.lanes.items():
-            if not lane.turns or not lane.tokens_per_s > 0:
+            if not lane.turns:
+                continue
+            rate = lane.tokens_per_s
+            if not rate > 0 and cold_tokens_per_s is not None:
+                rate = cold_tokens_per_s.get(endpoint, 0.0)
+            if not rate > 0:
                 continue
             held = lane.org_held_tokens.get(org, 0)
             since = self.tokens_since.get(endpoint)
             if since:
                 held += since.get(key, 0)
-            seconds = max(0.0, held) / lane.tokens_per_s
+            seconds = max(0.0, held) / rate
             if most is None or seconds > most:
                 most = seconds
         return most

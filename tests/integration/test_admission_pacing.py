@@ -30,26 +30,34 @@ pytestmark = pytest.mark.integration
 BURST = 30
 
 
-def _snapshot(bulk_tokens: int, *, sent_ms: int) -> SchedulerState:
-    """The scheduler holding ``bulk_tokens`` of bulk's, 1,000 tokens a second: in the
-    future, so it stays fresh for the whole test (a scheduler's would be replaced)."""
+def _snapshot(bulk_tokens: int, *, sent_ms: int, tokens_per_s: float = 1000.0) -> SchedulerState:
+    """The scheduler holding ``bulk_tokens`` of bulk's, ``tokens_per_s`` (0: not measured
+    yet): in the future, so it stays fresh for the whole test (a scheduler's would be
+    replaced)."""
     lane = LaneState(endpoint="embed", held_requests=1, held_cost_by_tier={},
-                     held_tokens_by_tier={"standard": bulk_tokens}, tokens_per_s=1000.0,
+                     held_tokens_by_tier={"standard": bulk_tokens}, tokens_per_s=tokens_per_s,
                      free_slots=0, workers=1, org_held_tokens={"bulk": bulk_tokens},
                      turns=True)
     return SchedulerState(sent_ms=sent_ms, lanes={"embed": lane}, held_requests=1)
 
 
+@pytest.mark.parametrize("measured", [True, False], ids=["measured-rate", "before-a-rate"])
 async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_it_does_not(
-        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
+        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path, measured: bool):
     topics = Topics(topic_prefix)
     service = _admission(kafka_settings, _write_config(tmp_path / "config.toml", topic_prefix),
-                         pace_backlog_s=1.0)
+                         pace_backlog_s=1.0, pace_cold_batches=4)
     async with running(service):
         await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
         later_ms = int(time.time() * 1000) + 600_000
-        # Two seconds of bulk's work held at the scheduler (1.0 is the limit).
-        assert service.throttle.observe(_snapshot(2000, sent_ms=later_ms), later_ms)
+        if measured:
+            # Two seconds of bulk's work held at the scheduler (1.0 is the limit).
+            held = _snapshot(2000, sent_ms=later_ms)
+        else:
+            # No rate yet: four full batches of bulk's held (pace_cold_batches).
+            full = service.config.endpoints["embed"].max_batch_tokens
+            held = _snapshot(4 * full, sent_ms=later_ms, tokens_per_s=0.0)
+        assert service.throttle.observe(held, later_ms)
         await _send_burst(kafka_settings, topics.ingress, BURST)
 
         await _until(lambda: service.totals["admitted"] == 1, "quiet's record to be admitted")
@@ -60,7 +68,8 @@ async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_i
         assert service.totals["admitted"] == 1 and _read_ahead(service) == BURST
 
         # The backlog drained: bulk's records go, each once, in order.
-        assert service.throttle.observe(_snapshot(0, sent_ms=later_ms + 1), later_ms + 1)
+        drained = _snapshot(0, sent_ms=later_ms + 1, tokens_per_s=1000.0 if measured else 0.0)
+        assert service.throttle.observe(drained, later_ms + 1)
         records = await _read(kafka_settings, topics.tier("standard"), BURST + 1, timeout_s=30)
         admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
         assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]

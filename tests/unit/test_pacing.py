@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from producer.pacing import RECHECK_S, Pacer
+from producer.pacing import RECHECK_S, Pacer, cold_rates
 from producer.readahead import ReadAhead
 from producer.shaping import Shaper
 from producer.throttle import ThrottleState
 from schemas.messages import LaneState, SchedulerState
-from tests.admission_setup import NOW_MS
+from tests.admission_setup import NOW_MS, make_config
 
 
 def lane(endpoint="embed", *, org_held=None, tokens_per_s=1000.0, turns=True) -> LaneState:
@@ -52,6 +52,49 @@ def test_what_this_instance_admitted_since_the_snapshot_counts():
 ])
 def test_no_backlog_is_known_without_a_fresh_snapshot_of_a_lane_in_turns(why, ts, now_ms):
     assert ts.org_backlog_s("bulk", now_ms) is None, why
+
+
+# -- before a rate is measured ---------------------------------------------------
+
+
+def test_before_a_rate_is_measured_the_lanes_assumed_rate_stands_in():
+    cold = {"embed": 4000.0}
+    ts = throttle(lane("embed", org_held={"bulk": 6000}, tokens_per_s=0.0))
+    assert ts.org_backlog_s("bulk", NOW_MS, cold_tokens_per_s=cold) == pytest.approx(1.5)
+    assert ts.org_backlog_s("quiet", NOW_MS, cold_tokens_per_s=cold) == 0.0
+    # Without an assumed rate for the lane, as before: not known.
+    assert ts.org_backlog_s("bulk", NOW_MS, cold_tokens_per_s={"rerank": 4000.0}) is None
+    assert ts.org_backlog_s("bulk", NOW_MS, cold_tokens_per_s={}) is None
+
+
+def test_a_measured_rate_wins_over_the_assumed_one():
+    ts = throttle(lane("embed", org_held={"bulk": 6000}, tokens_per_s=3000.0))
+    assert ts.org_backlog_s("bulk", NOW_MS, cold_tokens_per_s={"embed": 100.0}) == \
+        pytest.approx(2.0)
+
+
+def test_a_fifo_lane_is_not_paced_before_its_rate_either():
+    ts = throttle(lane("embed", org_held={"bulk": 90_000}, tokens_per_s=0.0, turns=False))
+    assert ts.org_backlog_s("bulk", NOW_MS, cold_tokens_per_s={"embed": 1.0}) is None
+
+
+def test_the_assumed_rate_paces_an_org_at_cold_batches_full_batches_held():
+    config = make_config()
+    full = {name: ep.max_batch_tokens for name, ep in config.endpoints.items()}
+    rates = cold_rates(config, 0.5, 4)
+    assert set(rates) == set(full)
+    for name, tokens in full.items():
+        held = 4 * tokens
+        at = throttle(lane(name, org_held={"bulk": held}, tokens_per_s=0.0))
+        under = throttle(lane(name, org_held={"bulk": held - 1}, tokens_per_s=0.0))
+        pacer = Pacer(lambda org, t=at: t.org_backlog_s(org, NOW_MS, rates), 0.5)
+        assert not pacer.take("bulk", 0.0), name
+        pacer = Pacer(lambda org, t=under: t.org_backlog_s(org, NOW_MS, rates), 0.5)
+        assert pacer.take("bulk", 0.0), name
+
+
+def test_no_cold_batches_no_assumed_rate():
+    assert cold_rates(make_config(), 1.0, 0) == {}
 
 
 # -- the pacer -------------------------------------------------------------------
