@@ -414,11 +414,18 @@ class SchedulerService(Service):
             self.fairness.batch_done(ev.endpoint, ev.inference_ms / 1000,
                                      requests=ev.batch_requests, tokens=ev.batch_tokens)
             ep = self.config.endpoints.get(ev.endpoint)
+            measured = self.rates.known(ev.worker)
             min_tokens, min_requests = half_batch(ep) if ep else (0, 0)
             self.rates.observe(ev.worker, ev.batch_tokens, ev.inference_ms / 1000,
                                done_ms=ev.sent_ms, busy_after=bool(ev.in_flight),
                                min_tokens=min_tokens, requests=ev.batch_requests,
                                min_requests=min_requests, express=obs.express)
+            if not measured and self.rates.known(ev.worker):
+                # The first rate of a worker: until admission has it, its throttle is
+                # off and its pacing assumes a rate (pace_cold_batches). Publish it
+                # now, not at the next tick (up to state_interval_ms later).
+                self._next_state_s = 0.0
+                self._wake.set()
         if not obs.accepted:
             return
         if obs.joined:

@@ -287,6 +287,10 @@ class ServiceRate:
         r = self._rate.get(worker, 0.0)
         return r * (1 - min(MAX_EXPRESS_SHARE, self._express_share.get(worker, 0.0)))
 
+    def known(self, worker: str) -> bool:
+        """Has ``worker``'s rate been measured (a batch at least half full seen)?"""
+        return worker in self._rate
+
     def total(self, workers: Iterable[str]) -> float:
         """Summed rate of ``workers`` for the work they hold (0 for a worker
         never measured): each one's full-batch rate, less the share its

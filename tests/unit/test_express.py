@@ -328,6 +328,36 @@ def test_the_scheduler_measures_its_rate_on_batches_full_by_count():
     assert svc.rates.total(["w"]) == pytest.approx(96 / 0.1)
 
 
+def test_the_first_measured_rate_is_published_at_once_not_at_the_next_tick():
+    """Until admission has a rate its throttle is off and its pacing guesses: the first batch that
+    sets a worker's rate brings the next snapshot forward and wakes the dispatch loop;
+    a batch that does not set it (too small), or a later one, leaves the tick alone."""
+    cfg = build_config(prefix="t.", endpoints={"embed": {"max_batch_tokens": 1000,
+                                                        "max_request_tokens": 500}},
+                       orgs={"a": "free"}).config
+    svc = SchedulerService(cfg, KafkaSettings(bootstrap="127.0.0.1:9"),
+                           registry=CollectorRegistry())
+    now = 1_000_000
+
+    def report(batch_id: str, tokens: int, at: int) -> None:
+        svc.flow.sent("w", batch_id, now + at - 100, tokens)
+        svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done",
+                                 partitions=[0], slots=2, free_slots=2, sent_ms=now + at,
+                                 in_flight=[], batch_id=batch_id, batch_tokens=tokens,
+                                 batch_requests=1, inference_ms=100, service_ms=100,
+                                 held_ms=100), now + at)
+
+    svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
+                             slots=2, free_slots=2, sent_ms=now, in_flight=[]), now)
+    for batch_id, tokens, at, brought_forward in (("b1", 20, 1000, False),
+                                                   ("b2", 800, 2000, True),
+                                                   ("b3", 800, 3000, False)):
+        svc._next_state_s = 5_000.0
+        svc._wake.clear()
+        report(batch_id, tokens, at)
+        assert (svc._next_state_s == 0.0, svc._wake.is_set()) == (brought_forward,) * 2, batch_id
+
+
 def test_the_scheduler_takes_the_express_calls_share_from_the_rate_it_publishes():
     """Through the service: a batch the flow sent as express is reported as such to
     the service rate, so the throttle's rate leaves its call's time out of the held work's."""
