@@ -301,30 +301,44 @@ def test_an_express_batch_reports_its_round_trip_but_not_its_speed():
     assert credit.round_trip_ms != 12.0                       # its round trip did count
 
 
+#: The service tests' clock: a worker's hello here, its batches after.
+_NOW_MS = 1_000_000
+
+
+def _service(**endpoint) -> SchedulerService:
+    """A scheduler service on one embed lane (``max_batch_tokens`` 1000, and ``endpoint``)."""
+    cfg = build_config(prefix="t.", endpoints={"embed": {"max_batch_tokens": 1000,
+                                                        "max_request_tokens": 500,
+                                                        **endpoint}},
+                       orgs={"a": "free"}).config
+    return SchedulerService(cfg, KafkaSettings(bootstrap="127.0.0.1:9"),
+                            registry=CollectorRegistry())
+
+
+def _hello(svc: SchedulerService) -> None:
+    svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
+                             slots=2, free_slots=2, sent_ms=_NOW_MS, in_flight=[]), _NOW_MS)
+
+
+def _report_done(svc: SchedulerService, batch_id: str, *, tokens: int, requests: int,
+                 at: int) -> None:
+    """Worker ``w`` reports ``batch_id`` done ``at`` ms after the hello, after 100 ms of model."""
+    svc.flow.sent("w", batch_id, _NOW_MS + at - 100, tokens)
+    svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done",
+                             partitions=[0], slots=2, free_slots=2, sent_ms=_NOW_MS + at,
+                             in_flight=[], batch_id=batch_id, batch_tokens=tokens,
+                             batch_requests=requests, inference_ms=100, service_ms=100,
+                             held_ms=100), _NOW_MS + at)
+
+
 def test_the_scheduler_measures_its_rate_on_batches_full_by_count():
     """Through the service: a batch_done of 32 short requests (half of max_batch_size,
     a tenth of max_batch_tokens) sets the published rate; 31 of them do not."""
-    cfg = build_config(prefix="t.", endpoints={"embed": {"max_batch_tokens": 1000,
-                                                        "max_batch_size": 64,
-                                                        "max_request_tokens": 500}},
-                       orgs={"a": "free"}).config
-    svc = SchedulerService(cfg, KafkaSettings(bootstrap="127.0.0.1:9"),
-                           registry=CollectorRegistry())
-    now = 1_000_000
-
-    def report(batch_id: str, requests: int, at: int) -> None:
-        svc.flow.sent("w", batch_id, now + at - 100, requests * 3)
-        svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done",
-                                 partitions=[0], slots=2, free_slots=2, sent_ms=now + at,
-                                 in_flight=[], batch_id=batch_id, batch_tokens=requests * 3,
-                                 batch_requests=requests, inference_ms=100, service_ms=100,
-                                 held_ms=100), now + at)
-
-    svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
-                             slots=2, free_slots=2, sent_ms=now, in_flight=[]), now)
-    report("b1", 31, 1000)
+    svc = _service(max_batch_size=64)
+    _hello(svc)
+    _report_done(svc, "b1", tokens=31 * 3, requests=31, at=1000)
     assert svc.rates.total(["w"]) == 0.0
-    report("b2", 32, 2000)
+    _report_done(svc, "b2", tokens=32 * 3, requests=32, at=2000)
     assert svc.rates.total(["w"]) == pytest.approx(96 / 0.1)
 
 
@@ -332,40 +346,21 @@ def test_the_first_measured_rate_is_published_at_once_not_at_the_next_tick():
     """Until admission has a rate its throttle is off and its pacing guesses: the first batch that
     sets a worker's rate brings the next snapshot forward and wakes the dispatch loop;
     a batch that does not set it (too small), or a later one, leaves the tick alone."""
-    cfg = build_config(prefix="t.", endpoints={"embed": {"max_batch_tokens": 1000,
-                                                        "max_request_tokens": 500}},
-                       orgs={"a": "free"}).config
-    svc = SchedulerService(cfg, KafkaSettings(bootstrap="127.0.0.1:9"),
-                           registry=CollectorRegistry())
-    now = 1_000_000
-
-    def report(batch_id: str, tokens: int, at: int) -> None:
-        svc.flow.sent("w", batch_id, now + at - 100, tokens)
-        svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done",
-                                 partitions=[0], slots=2, free_slots=2, sent_ms=now + at,
-                                 in_flight=[], batch_id=batch_id, batch_tokens=tokens,
-                                 batch_requests=1, inference_ms=100, service_ms=100,
-                                 held_ms=100), now + at)
-
-    svc._observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
-                             slots=2, free_slots=2, sent_ms=now, in_flight=[]), now)
+    svc = _service()
+    _hello(svc)
     for batch_id, tokens, at, brought_forward in (("b1", 20, 1000, False),
                                                    ("b2", 800, 2000, True),
                                                    ("b3", 800, 3000, False)):
         svc._next_state_s = 5_000.0
         svc._wake.clear()
-        report(batch_id, tokens, at)
+        _report_done(svc, batch_id, tokens=tokens, requests=1, at=at)
         assert (svc._next_state_s == 0.0, svc._wake.is_set()) == (brought_forward,) * 2, batch_id
 
 
 def test_the_scheduler_takes_the_express_calls_share_from_the_rate_it_publishes():
     """Through the service: a batch the flow sent as express is reported as such to
     the service rate, so the throttle's rate leaves its call's time out of the held work's."""
-    cfg = build_config(prefix="t.", endpoints={"embed": {"max_batch_tokens": 1000,
-                                                        "max_request_tokens": 500}},
-                       orgs={"a": "free"}).config
-    svc = SchedulerService(cfg, KafkaSettings(bootstrap="127.0.0.1:9"),
-                           registry=CollectorRegistry())
+    svc = _service()
 
     def event(kind: str, sent_ms: int, in_flight: list[str], **kw) -> WorkerEvent:
         return WorkerEvent(worker="w", endpoint="embed", kind=kind, partitions=[0], slots=2,
