@@ -196,8 +196,8 @@ class AdmissionService(Service):
         self._shaper = (Shaper(s.shape_org_per_s, s.shape_org_burst)
                         if s.shape_org_per_s > 0 else None)
         self._prune_at_s = 0.0
-        #: The config the pacer's assumed rates are of, and those rates (a reload redoes them).
-        self._cold_rates: tuple[Config | None, dict[str, float]] = (None, {})
+        #: The pacer's assumed rates before a lane's is measured (redone by a reload).
+        self._cold_rates = cold_rates(config, s.pace_backlog_s, s.pace_cold_batches)
         self._offsets = OffsetTracker()
         self._generation: tuple[int, str] | None = None
         self._next_commit_s = 0.0
@@ -319,12 +319,8 @@ class AdmissionService(Service):
         limit = self.settings.pace_backlog_s
         if not limit > 0 or not self.throttle.is_fresh(now_ms := self.now_ms()):
             return shaper
-        of, cold = self._cold_rates
-        if of is not self.config:
-            cold = cold_rates(self.config, limit, self.settings.pace_cold_batches)
-            self._cold_rates = (self.config, cold)
         return Pacer(functools.partial(self.throttle.org_backlog_s, now_ms=now_ms,
-                                       cold_tokens_per_s=cold), limit, shaper)
+                                       cold_tokens_per_s=self._cold_rates), limit, shaper)
 
     # -- the loop --------------------------------------------------------
 
@@ -567,6 +563,8 @@ class AdmissionService(Service):
         self.config = config
         self.limiter.update(config)
         self.throttle.stale_after_ms = self._stale_after_ms(config)
+        self._cold_rates = cold_rates(config, self.settings.pace_backlog_s,
+                                      self.settings.pace_cold_batches)
         self.log.info("config_reloaded", orgs=len(config.orgs), endpoints=sorted(config.endpoints),
                       tiers=config.tier_names)
 

@@ -226,8 +226,9 @@ class ServiceRate:
         limit: short requests fill ``max_batch_size`` long before
         ``max_batch_tokens`` (64 of 16 tokens are a quarter of 4,096), and
         such batches are the burst's real speed. Until a batch that size has
-        been seen the rate is unknown and the throttle and pacing stay off,
-        which is right for a system that has never been busy."""
+        been seen the rate is unknown: the throttle stays off, which is right
+        for a system that has never been busy, and admission's pacing assumes
+        a rate (:func:`producer.pacing.cold_rates`)."""
         busy_before = False
         if done_ms is not None:
             prev = self._last.get(worker)
