@@ -8,6 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from plumbing.kafka import KafkaSettings
@@ -77,3 +78,32 @@ async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_i
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
         assert _read_ahead(service) == 0
         await _until_committed(service, BURST + 1)
+
+
+async def test_a_reload_to_larger_batches_lets_a_burst_paced_before_a_rate_go(
+        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
+    """The rate assumed before one is measured follows the installed config: four full
+    batches held pace the burst; after a reload to batches twice as large the same
+    backlog is two of them, and the burst goes on with no new snapshot."""
+    topics = Topics(topic_prefix)
+    service = _admission(kafka_settings, _write_config(tmp_path / "config.toml", topic_prefix),
+                         pace_backlog_s=1.0, pace_cold_batches=4)
+    async with running(service):
+        await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
+        later_ms = int(time.time() * 1000) + 600_000
+        endpoint = service.config.endpoints["embed"]
+        full = endpoint.max_batch_tokens
+        held = _snapshot(4 * full, sent_ms=later_ms, tokens_per_s=0.0)
+        assert service.throttle.observe(held, later_ms)
+        await _send_burst(kafka_settings, topics.ingress, BURST)
+        await _until(lambda: _read_ahead(service) == BURST, "bulk's records to wait read ahead")
+        await asyncio.sleep(0.3)  # several of the pacer's looks: still held
+        assert _read_ahead(service) == BURST
+
+        larger = msgspec.structs.replace(endpoint, max_batch_tokens=2 * full)
+        await service.apply(msgspec.structs.replace(
+            service.config, endpoints={**service.config.endpoints, "embed": larger}))
+        records = await _read(kafka_settings, topics.tier("standard"), BURST + 1, timeout_s=30)
+        admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
+        assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
+        await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
