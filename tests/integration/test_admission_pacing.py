@@ -5,13 +5,16 @@ backlog drains, every one is forwarded once, in order, and committed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from plumbing.kafka import KafkaSettings
+from producer.service import AdmissionService
 from schemas.codec import codec_for
 from schemas.messages import AdmittedRequest, LaneState, SchedulerState
 from schemas.topics import Topics
@@ -42,14 +45,23 @@ def _snapshot(bulk_tokens: int, *, sent_ms: int, tokens_per_s: float = 1000.0) -
     return SchedulerState(sent_ms=sent_ms, lanes={"embed": lane}, held_requests=1)
 
 
-@pytest.mark.parametrize("measured", [True, False], ids=["measured-rate", "before-a-rate"])
-async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_it_does_not(
-        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path, measured: bool):
-    topics = Topics(topic_prefix)
+@contextlib.asynccontextmanager
+async def _paced(kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path
+                 ) -> AsyncIterator[AdmissionService]:
+    """A running admission service, ready, pacing at a second of backlog or four full
+    batches before a rate is measured."""
     service = _admission(kafka_settings, _write_config(tmp_path / "config.toml", topic_prefix),
                          pace_backlog_s=1.0, pace_cold_batches=4)
     async with running(service):
         await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
+        yield service
+
+
+@pytest.mark.parametrize("measured", [True, False], ids=["measured-rate", "before-a-rate"])
+async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_it_does_not(
+        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path, measured: bool):
+    topics = Topics(topic_prefix)
+    async with _paced(kafka_settings, topic_prefix, tmp_path) as service:
         later_ms = int(time.time() * 1000) + 600_000
         if measured:
             # Two seconds of bulk's work held at the scheduler (1.0 is the limit).
@@ -86,10 +98,7 @@ async def test_a_reload_to_larger_batches_lets_a_burst_paced_before_a_rate_go(
     batches held pace the burst; after a reload to batches twice as large the same
     backlog is two of them, and the burst goes on with no new snapshot."""
     topics = Topics(topic_prefix)
-    service = _admission(kafka_settings, _write_config(tmp_path / "config.toml", topic_prefix),
-                         pace_backlog_s=1.0, pace_cold_batches=4)
-    async with running(service):
-        await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
+    async with _paced(kafka_settings, topic_prefix, tmp_path) as service:
         later_ms = int(time.time() * 1000) + 600_000
         endpoint = service.config.endpoints["embed"]
         full = endpoint.max_batch_tokens
