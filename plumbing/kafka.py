@@ -348,6 +348,24 @@ class Consumer(AIOKafkaConsumer):
                 positions[tp] = state.position
         return positions
 
+    def positions_now(self) -> dict[Any, int]:
+        """Each assigned partition's position where one is known, without fetching."""
+        return self._positions()
+
+    def caught_up(self) -> bool:
+        """True when every assigned partition has a position and a high watermark (from a
+        fetch answer) and the position has reached it: all that was there has been read."""
+        assignment = self._assignment()
+        if assignment is None:
+            return False
+        for tp in assignment.tps:
+            state = assignment.state_value(tp)
+            if state is None or not state.has_valid_position or state.highwater is None:
+                return False
+            if state.position < state.highwater:
+                return False
+        return True
+
     async def getmany(self, *partitions, timeout_ms: int = 0, max_records: int | None = None):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
