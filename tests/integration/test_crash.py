@@ -14,7 +14,9 @@ pytestmark = pytest.mark.integration
 
 
 async def test_every_request_gets_one_result_across_crashes():
-    """kill -9 of the leading scheduler, a worker, admission, each restarted: no request lost."""
+    """kill -9 of the leading scheduler, a worker, admission, each restarted, then a paused
+    leader: no request lost, none dispatched twice by a scheduler's takeover, the paused
+    leader's batches never taken after its successor's first."""
     lines: list[str] = []
     figures = await run(rate=30, phase_s=3, session_ms=2000, say=lines.append)
     print("\n".join(lines) + "\n" + report(figures))
@@ -26,6 +28,15 @@ async def test_every_request_gets_one_result_across_crashes():
     assert figures["failed_process"] is None
     # The client hands each id over once: every extra copy written was dropped.
     assert figures["copies_written"] - figures["results"] == figures["client_duplicates_dropped"]
+    # Takeovers: by the leader's beat, not a group session; nothing of the dead or
+    # paused leader's dispatched again, nothing of the paused one's served late.
+    by_crash = figures["dispatched_twice_by_crash"]
+    assert by_crash["scheduler"] == 0 and by_crash["pause"] == 0, report(figures)
+    assert figures["scheduler_first_result_s"] is not None
+    assert figures["scheduler_first_result_s"] < 5, report(figures)  # 2 s unloaded: bench
+    assert figures["paused_takeover_s"] is not None, "the standby never took over a paused leader"
+    assert figures["paused_served_after_successor"] == 0, report(figures)
+    assert figures["paused_leader_stands_by"], "the paused leader still leads after SIGCONT"
 
 
 @pytest.mark.slow
@@ -37,3 +48,5 @@ async def test_crashes_at_full_length(session_ms: int):
     print(report(figures))
     assert figures["drained"] and figures["lost"] == 0, report(figures)
     assert figures["failed_process"] is None
+    assert figures["dispatched_twice_by_crash"]["scheduler"] == 0, report(figures)
+    assert figures["paused_served_after_successor"] == 0, report(figures)

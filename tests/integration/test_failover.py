@@ -50,7 +50,7 @@ async def test_standby_waits_then_takes_over_a_clean_stop(kafka_settings: KafkaS
             await until(lambda: b.election.log.leads(a.instance, epoch),
                         "the standby to read the leader's beats")
             await asyncio.sleep(2 * b.election.silence_s)
-            assert a.may_dispatch() and a.epoch == epoch
+            assert a.election.state == "leading" and a.epoch == epoch, "the leader was replaced"
             assert not b.leading and b.election.state == "standby"
             ready, why = b.readiness()
             assert not ready and why.startswith("standby")
@@ -141,3 +141,29 @@ async def test_a_new_leader_skips_what_its_predecessor_wrote_and_fences_the_rest
     assert sorted(ids) == sorted(r.id for r in reqs), "a request served twice, or not at all"
     assert {r.batch_id for r in got if r.id in {q.id for q in reqs[:4]}} == {"old-1"}
     assert b.totals["taken_over_dispatched"] == 4
+
+
+async def test_a_worker_does_not_run_a_request_it_already_answered(
+        kafka_settings: KafkaSettings, topic_prefix: str):
+    """A request id brought back by a later batch is skipped, counted, and answered once."""
+    cfg = make_config(topic_prefix)
+    topics = Topics.of(cfg)
+    await ensure_topics(kafka_settings, topics.all(cfg))
+    codec = codec_for(Batch)
+    now = int(time.time() * 1000)
+    r = [request(i, "acme", [f"text {i}"], topics=topics) for i in range(4)]
+    batches = [Batch(id="b1", endpoint="embed", requests=[r[0], r[1]], tokens=2, created_ms=now),
+               Batch(id="b2", endpoint="embed", requests=[r[1], r[2]], tokens=2, created_ms=now),
+               Batch(id="b3", endpoint="embed", requests=[r[0]], tokens=1, created_ms=now),
+               Batch(id="b4", endpoint="embed", requests=[r[3]], tokens=1, created_ms=now)]
+    worker = fake_worker(cfg, kafka_settings, "w-d", slots=1)
+    async with running(worker), \
+            Reader(kafka_settings, topics.results, cfg.service.results_partitions) as results:
+        for b in batches:  # one at a time: each after the one before was answered
+            await produce(kafka_settings, None, [(topics.batches("embed"), 0, codec.encode(b))])
+            want = {q.id for q in b.requests}
+            await results.until(lambda items, want=want: want <= {x.id for x in items},
+                                f"the results of {b.id}")
+        got = await results.settle()
+    assert sorted(x.id for x in got) == sorted(q.id for q in r), "a request was run twice"
+    assert sample(worker.registry, "sf_worker_duplicate_requests_total", endpoint="embed") == 2
