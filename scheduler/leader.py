@@ -319,6 +319,7 @@ class LeaderElection:
     def _drop_leadership(self) -> None:
         self.lease.end()
         self.epoch = 0
+        self.fenced_ms = None
         self._epoch_gauge.set(0)
         self._beats.clear()
         self._takeover = None
