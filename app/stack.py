@@ -203,8 +203,10 @@ def run(args: argparse.Namespace) -> int:
     gateway = None
     if args.gateway_port is not None:
         try:
-            gateway = settings_from_env_args(GatewaySettings, argparse.Namespace(),
-                                             env_prefix="SF_GATEWAY_", port=args.gateway_port)
+            # --gateway-port as a flag: it wins over SF_GATEWAY_PORT, like any flag.
+            gateway = settings_from_env_args(GatewaySettings,
+                                             argparse.Namespace(port=args.gateway_port),
+                                             env_prefix="SF_GATEWAY_")
         except SettingsError as e:
             print(f"serving-fairness stack: {e}", file=sys.stderr)
             return 2
