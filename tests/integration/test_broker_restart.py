@@ -20,16 +20,17 @@ pytestmark = pytest.mark.integration
 
 async def test_pipeline_recovers_and_nothing_is_lost():
     """After a restart every service recreates its topics and goes on; every request gets a
-    result (one declared lost after it is sent again), and only one the restart could have
-    caught is declared lost."""
+    result (one declared lost, or whose submit raised, after it is sent again under a new
+    id), counted by id: none twice, none foreign; and only one the restart could have caught
+    is declared lost."""
     lines: list[str] = []
     f = await run(rate=20, before_s=3, after_s=7, lost_grace_s=4, say=lines.append)
     print("\n".join(lines) + "\n" + report(f))
-    assert f["unanswered"] == 0, report(f)
-    assert f["results"] == f["sent_before"] + f["sent_after"], report(f)
+    assert f["sent_before"] > 0 and f["sent_after"] > 0, report(f)
+    assert f["unanswered"] == 0 and f["submit_failed"] == 0, report(f)
+    assert f["duplicated"] == 0 and f["foreign"] == 0, report(f)
     assert f["lost_after_recovery"] == 0, report(f)
     assert f["declared_lost"] <= f["exposed"], report(f)
-    assert f["resubmitted_answered"] == f["declared_lost"], report(f)
     assert passed(f)
     assert f["failed_process"] is None
     # Answered, and served again (not all "ok": a Tansu produce that hangs for
