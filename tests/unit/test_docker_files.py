@@ -113,7 +113,7 @@ def test_compose_declares_the_stack():
     names = set(services())
     assert {
         "kafka", "topics", "admission", "scheduler", "scheduler-standby",
-        "worker-embed", "worker-rerank", "worker-gpu", "prometheus", "grafana",
+        "worker-embed", "worker-rerank", "worker-gpu", "gateway", "prometheus", "grafana",
     } <= names  # fmt: skip
     assert services()["kafka"]["image"].startswith("apache/kafka:")
     assert services()["worker-embed"]["deploy"]["replicas"] >= 2
@@ -232,6 +232,25 @@ def test_metrics_endpoints_listen_beyond_the_container():
     for name, svc in ours().items():
         if "--metrics-port" in svc["command"]:
             assert flag(svc["command"], "--metrics-host") == "0.0.0.0", name
+
+
+def test_gateway_listens_beyond_the_container_is_published_and_outlasts_its_drain():
+    """The gateway's HTTP API binds 0.0.0.0 on the port compose publishes, and compose waits
+    for its drain (drain_s, and the 5 s its stop adds) before it kills it."""
+    from gateway.service import ENV_PREFIX, add_arguments
+    from plumbing.service_settings import GatewaySettings
+    from plumbing.settings import from_args
+
+    gateway = services()["gateway"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = from_args(GatewaySettings, parser.parse_args(gateway["command"][1:]),
+                         env_prefix=ENV_PREFIX)
+    assert settings.host == "0.0.0.0"
+    published = {str(p).rsplit(":", 1)[-1] for p in gateway["ports"]}
+    assert str(settings.port) in published
+    grace = re.fullmatch(r"(\d+)s", gateway["stop_grace_period"])
+    assert grace and int(grace.group(1)) >= settings.drain_s + 5
 
 
 def test_gpu_worker_is_optional_and_reserves_a_gpu():
