@@ -247,7 +247,7 @@ class GatewayServer:
             except ValueError:
                 continue
             if math.isfinite(seconds) and seconds > 0:
-                limit = min(limit, max(1, int(seconds * 1000)))
+                limit = min(limit, max(1, int(min(seconds * 1000, limit))))
         return limit
 
     # -- answers -------------------------------------------------------------
