@@ -13,6 +13,8 @@ OpenAI field              pipeline
                           little-endian bytes); the SDK asks for base64 when
                           the caller names none, and decodes it
 ``dimensions``            ``dimensions`` (Matryoshka truncation)
+(always)                  ``normalize: true``: OpenAI's vectors have length 1,
+                          with ``dimensions`` too (cut, then scaled)
 ``user``                  accepted, not used (the org comes from the key)
 ========================  ===================================================
 
@@ -127,8 +129,8 @@ class EmbeddingsRoute(_OpenAI):
             return Failure(400, "invalid_input",
                            "input must be a string or a list of strings: token ids are not "
                            "accepted, send the text", "input")
-        inp = EmbedInput(texts=texts, dimensions=body.dimensions, embedding_types=["float"],
-                         encoding="base64")
+        inp = EmbedInput(texts=texts, dimensions=body.dimensions, normalize=True,
+                         embedding_types=["float"], encoding="base64")
         return Call(body.model, inp, 0, {"base64": body.encoding_format == "base64"})
 
     def answer(self, result: Result, call: Call, catalog: Catalog) -> EmbeddingsResponse:

@@ -200,6 +200,7 @@ def test_openai_embeddings_equal_sentence_transformers(stack, reference):
         assert _cosines(vectors, want).min() >= 0.9999
     one = client.embeddings.create(model="embed", input=TEXTS[0], dimensions=64)
     assert len(one.data) == 1 and len(one.data[0].embedding) == 64
+    assert abs(np.linalg.norm(one.data[0].embedding) - 1) < 1e-5  # as OpenAI's: length 1
     assert _cosines(np.array([one.data[0].embedding]), want[:1, :64]).min() >= 0.9999
     assert {m.id for m in client.models.list().data} == {"embed", "rerank"}
 

@@ -115,8 +115,8 @@ def test_openai_input_and_model_mapping():
     call = route.call(_decode(route, {"model": "embed", "input": "hi", "dimensions": 8}),
                       "acme", cat)
     assert isinstance(call, Call) and call.endpoint == "embed"
-    assert call.input == EmbedInput(texts=["hi"], dimensions=8, embedding_types=["float"],
-                                    encoding="base64")
+    assert call.input == EmbedInput(texts=["hi"], dimensions=8, normalize=True,
+                                    embedding_types=["float"], encoding="base64")
     for model, status in (("nope", 404), ("rerank", 404)):
         f = route.call(_decode(route, {"model": model, "input": "hi"}), "acme", cat)
         assert isinstance(f, Failure) and f.status == status and f.param == "model"
