@@ -40,8 +40,10 @@ $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "uv>=0.8"
 
+# LOCK_FLAGS: e.g. "--upgrade-package aiohttp" to move one package to its
+# newest allowed version, "--upgrade" for all of them.
 lock: $(BIN)/uv
-	$(UV_COMPILE) --output-file $(LOCK)
+	$(UV_COMPILE) $(LOCK_FLAGS) --output-file $(LOCK)
 
 lock-check: $(BIN)/uv
 	@tmp=$$(mktemp -d) && cp $(LOCK) $$tmp/lock && \
