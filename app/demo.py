@@ -543,13 +543,22 @@ def _gateway_line(phase: Phase) -> str | None:
 
 def _late_line(phase: Phase, unloaded: Phase, bound_ms: float) -> str:
     """Where the quiet requests over ``bound_ms`` lost their time: each stage
-    beyond its p50 in the unloaded phase (:func:`traffic.stages.excess_by_stage`)."""
+    beyond its p50 in the unloaded phase (:func:`traffic.stages.excess_by_stage`),
+    and the HTTP hop to the gateway beyond its own, where they took it."""
     usual = usual_stage_ms(_quiet_results(unloaded))
-    late = [request_stages(s.result, s.done_ms) for s in phase.sent.values()
+    over = [s for s in phase.sent.values()
             if s.org in QUIET_ORGS and s.result is not None and s.result.status == "ok"
             and s.done_s is not None and s.done_ms is not None
             and (s.done_s - s.sent_s) * 1000 > bound_ms]
-    return excess_line(excess_by_stage(late, usual), len(late), label="quiet over the bound")
+    late = [request_stages(s.result, s.done_ms) for s in over]
+    line = excess_line(excess_by_stage(late, usual), len(late), label="quiet over the bound")
+    usual_http = percentile_ms(_stage_times(unloaded)[HTTP_STAGE], 50)
+    http = [float(s.result.created_ms) - s.sent_ms for s in over
+            if s.sent_ms is not None and s.result.created_ms is not None]
+    if http and usual_http is not None:
+        beyond = sum(max(0.0, ms - usual_http) for ms in http) / len(http)
+        line += f"; {HTTP_STAGE} beyond its unloaded p50: {beyond:,.0f} ms a request"
+    return line
 
 
 def _stage_table(phases: list[Phase]) -> str:
