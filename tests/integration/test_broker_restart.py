@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from bench import broker_stall
 from bench.broker_restart import passed, report, run
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
@@ -66,3 +67,17 @@ async def broker_ready_for(kafka: KafkaSettings) -> None:
     from plumbing.topics import ensure_topics
 
     await ensure_topics(kafka, {"lost.requests": 1})
+
+
+async def test_a_frozen_broker_loses_nothing_and_answers_each_request_once():
+    """``bench/broker_stall.py`` short (SIGSTOP 4 s, not 8; one produce timeout, 5 s):
+    nothing is lost by the broker, so every request comes back exactly once, counted by id."""
+    lines: list[str] = []
+    f = await broker_stall.run(produce_timeout_ms=5000, rate=30, before_s=3, stall_s=4, after_s=3,
+                        say=lines.append)
+    print("\n".join(lines) + "\n" + broker_stall.report([f]))
+    assert f["sent"] > 0 and f["during_ms"]["n"] > 0, broker_stall.report([f])
+    assert f["drained"] and f["unanswered"] == 0, broker_stall.report([f])
+    assert f["submit_failed"] == 0 and f["duplicated"] == 0 and f["foreign"] == 0, f["by_id"]
+    assert broker_stall.passed(f)
+    assert f["failed_process"] is None
