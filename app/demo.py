@@ -11,6 +11,12 @@ PyPI wheel. The same traffic runs in four phases, each on fresh topics:
 3. **burst x5, drr**: the same with a burst five times larger;
 4. **burst, fifo**: phase 2 under one shared arrival-ordered queue.
 
+The quiet orgs (and the enterprise, rerank and free-tier orgs) send through
+the HTTP gateway with API keys made for the run (:mod:`app.demo_gateway`):
+OpenAI's ``/v1/embeddings``, Cohere's ``/v2/rerank``; their latency is the
+HTTP client's. The bursting org is a bulk job producing to Kafka directly.
+``--quiet-via kafka`` sends them to Kafka directly too, as before the gateway.
+
 It prints a per-org table per phase, then the check the design promises:
 the quiet orgs' p99 under the burst stays within their unloaded p99 plus two
 full-batch service times (the batch running when they arrive, then their
@@ -45,6 +51,14 @@ from typing import Any
 
 from app.demo_burst import burst_main
 from app.demo_burst import text as _text
+from app.demo_gateway import (
+    GatewayTraffic,
+    config_with_keys,
+    demo_keys,
+    gateway_args,
+    reply_topic,
+)
+from plumbing.bounded import within
 from plumbing.heap import settle
 from plumbing.kafka import EMBEDDED_SESSION, EMBEDDED_SESSION_ENV, KafkaSettings
 from schemas.config import Config, ConfigError, load_config
@@ -65,6 +79,11 @@ __all__ = ["add_arguments", "run"]
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo.toml"
 QUIET_ORGS = ("quiet-1", "quiet-2")
+#: Every org that sends a few paced requests (all but the bursting one).
+PACED_ORGS = (*QUIET_ORGS, "acme", "searchco", "trial-1")
+#: The label of the HTTP hop in the quiet orgs' stages: the request's send ->
+#: the gateway's ``created_ms`` stamp (the stages of :mod:`traffic.stages` follow).
+HTTP_STAGE = "HTTP to the gateway"
 
 
 @dataclass
@@ -78,6 +97,8 @@ class Sent:
     done_ms: float | None = None  # wall clock, to compare with the results' stamps
     #: Wall clock (epoch ms) when the broker acknowledged the request's append.
     acked_ms: float | None = None
+    #: Wall clock (epoch ms) of the send: the HTTP request's, through the gateway.
+    sent_ms: float | None = None
 
 
 @dataclass
@@ -89,6 +110,8 @@ class Phase:
     elapsed_s: float = 0.0
     #: Wall clock (epoch s) of the phase's traffic: its start and end.
     wall_s: tuple[float, float] | None = None
+    #: The paced orgs' HTTP calls, when they went through the gateway.
+    gateway: GatewayTraffic | None = None
 
     def latencies_ms(self, org: str) -> list[float]:
         return [(s.done_s - s.sent_s) * 1000 for s in self.sent.values()
@@ -175,9 +198,17 @@ class Traffic:
     phase: Phase
     timeout_s: float
     burst: Burst | None = None
+    #: The paced orgs' HTTP client of the gateway; None: they produce to Kafka with ``client``.
+    gateway: GatewayTraffic | None = None
     waiting: list[asyncio.Task] = field(default_factory=list, init=False)
 
     async def _send(self, org: str, endpoint: str, inp: dict) -> None:
+        if self.gateway is not None:
+            sent = self.phase.sent[uuid.uuid4().hex] = Sent(
+                org, self.config.orgs[org].tier, endpoint, time.monotonic(),
+                sent_ms=time.time() * 1000)
+            self.waiting.append(asyncio.create_task(self._call(sent, inp)))
+            return
         rid = uuid.uuid4().hex
         sent = self.phase.sent[rid] = Sent(org, self.config.orgs[org].tier, endpoint,
                                            time.monotonic())
@@ -192,6 +223,13 @@ class Traffic:
             sent.result = await self.client.result(rid, timeout=self.timeout_s)
             sent.done_s = time.monotonic()
             sent.done_ms = time.time() * 1000
+
+    async def _call(self, sent: Sent, inp: dict) -> None:
+        """One HTTP call to the gateway; a call with no answer stays result-less (missing)."""
+        kind = self.config.endpoints[sent.endpoint].kind
+        answer = await self.gateway.call(sent.org, sent.endpoint, kind, inp)
+        if answer.result is not None:
+            sent.result, sent.done_s, sent.done_ms = answer.result, answer.done_s, answer.done_ms
 
     async def paced(self, org: str, endpoint: str, count: int, every_s: float,
                     start_s: float) -> None:
@@ -272,56 +310,70 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                      log_level: str = "info", microbatch_size: int = 16,
                      worker_cpus: dict[str, set[int]] | None = None,
                      worker_nice: dict[str, int] | None = None,
-                     burst_nice: int = 10) -> Phase:
-    """One phase on a fresh embedded broker, the services as separate processes."""
+                     burst_nice: int = 10, keys: dict[str, str] | None = None) -> Phase:
+    """One phase on a fresh embedded broker, the services as separate processes.
+
+    With ``keys`` (org -> API key) the gateway runs too, and the paced orgs
+    call it over HTTP; the demo's Kafka client then only reads the
+    gateway's reply topic, for the results' stamps."""
     from app.processes import ProcessStack
     from plumbing.broker import EmbeddedBroker
     from producer.client import FairnessClient
 
-    async with EmbeddedBroker() as broker:
+    async with EmbeddedBroker() as broker, contextlib.AsyncExitStack() as scope:
         kafka = KafkaSettings(bootstrap=broker.bootstrap, **EMBEDDED_SESSION)
         env = {**EMBEDDED_SESSION_ENV, "SF_LOG_LEVEL": log_level}
-        async with ProcessStack(config_path, broker.bootstrap, policy=phase.policy,
-                                endpoints=list(config.endpoints), model=model,
-                                worker_threads=threads, log=log, env=env,
-                                extra_args={"worker": ["--microbatch-size",
-                                                       str(microbatch_size)]},
-                                cpus=worker_cpus, nice=worker_nice) as stack, \
-                FairnessClient(kafka, config) as client:
+        stack = await scope.enter_async_context(ProcessStack(
+            config_path, broker.bootstrap, policy=phase.policy,
+            endpoints=list(config.endpoints), model=model, worker_threads=threads, log=log,
+            env=env, extra_args={"worker": ["--microbatch-size", str(microbatch_size)],
+                                 "gateway": gateway_args(timeout_s)},
+            cpus=worker_cpus, nice=worker_nice, gateway_port=0 if keys else None))
+        gateway = None
+        if keys:
+            observer = await scope.enter_async_context(FairnessClient(
+                kafka, config, reply_topic(config), client_id="demo-reader"))
+            gateway = await scope.enter_async_context(GatewayTraffic(
+                stack.gateway_url, keys, observer, timeout_s))
+            client = None
+            await _warm_up_http(gateway, config, timeout_s=120)
+            phase.gateway = gateway
+        else:
+            client = await scope.enter_async_context(FairnessClient(kafka, config))
             await _warm_up(client, config, timeout_s=120)
-            settle()  # the model timed at start, the clients: never walked again
-            burst = (Burst(broker.bootstrap, config_path, phase.burst, timeout_s, burst_nice)
-                     if phase.burst else None)
-            try:
-                if burst is not None:
-                    await burst.start()
-                n_quiet = len(QUIET_ORGS) * quiet + 2 * max(2, quiet // 2) + max(2, quiet // 3)
-                progress = Progress(phase, phase.burst + n_quiet, burst)
-                t0 = time.monotonic()
-                wall0 = time.time()
-                traffic = asyncio.create_task(
-                    Traffic(client, config, phase, timeout_s, burst).run(quiet))
-                # Every request has its own timeout; this is the backstop against
-                # anything else that could wait for ever (the burst's process).
-                deadline = t0 + timeout_s + 120
-                while not traffic.done():
-                    progress()
-                    await asyncio.wait([traffic], timeout=0.5)
-                    if (err := stack.failed()) is not None:
-                        traffic.cancel()
-                        raise RuntimeError(f"during {phase.name}: {err}")
-                    if time.monotonic() > deadline:
-                        traffic.cancel()
-                        raise RuntimeError(_stuck(phase, burst))
-                traffic.result()
-            finally:
-                if burst is not None:
-                    burst.stop()
-            phase.elapsed_s = time.monotonic() - t0
-            phase.wall_s = (wall0, time.time())
-            progress(force=True)
-            if progress.tty:
-                print(file=sys.stderr)
+        settle()  # the model timed at start, the clients: never walked again
+        burst = (Burst(broker.bootstrap, config_path, phase.burst, timeout_s, burst_nice)
+                 if phase.burst else None)
+        try:
+            if burst is not None:
+                await burst.start()
+            n_quiet = len(QUIET_ORGS) * quiet + 2 * max(2, quiet // 2) + max(2, quiet // 3)
+            progress = Progress(phase, phase.burst + n_quiet, burst)
+            t0 = time.monotonic()
+            wall0 = time.time()
+            traffic = asyncio.create_task(
+                Traffic(client, config, phase, timeout_s, burst, gateway).run(quiet))
+            # Every request has its own timeout; this is the backstop against
+            # anything else that could wait for ever (the burst's process).
+            deadline = t0 + timeout_s + 120
+            while not traffic.done():
+                progress()
+                await asyncio.wait([traffic], timeout=0.5)
+                if (err := stack.failed()) is not None:
+                    traffic.cancel()
+                    raise RuntimeError(f"during {phase.name}: {err}")
+                if time.monotonic() > deadline:
+                    traffic.cancel()
+                    raise RuntimeError(_stuck(phase, burst))
+            traffic.result()
+        finally:
+            if burst is not None:
+                burst.stop()
+        phase.elapsed_s = time.monotonic() - t0
+        phase.wall_s = (wall0, time.time())
+        progress(force=True)
+        if progress.tty:
+            print(file=sys.stderr)
     return phase
 
 
@@ -333,6 +385,20 @@ def _stuck(phase: Phase, burst: Burst | None) -> str:
         f"final records {'received' if burst.records is not None else 'not received'}")
     return (f"during {phase.name}: traffic not finished after its timeout; {waiting} paced "
             f"requests without a result{where}")
+
+
+async def _warm_up_http(gateway: GatewayTraffic, config: Config, timeout_s: float) -> None:
+    """One request per endpoint through the gateway, answered; the phase counts only its own."""
+    org = next(o for o in PACED_ORGS if o in gateway.keys)
+    for name, ep in config.endpoints.items():
+        inp = ({"type": "embed", "texts": ["warm up"]} if ep.kind == "embed"
+               else {"type": "rerank", "query": "warm", "documents": ["up"]})
+        answer = await within(gateway.call(org, name, ep.kind, inp), timeout_s)
+        if answer.status != 200:
+            raise RuntimeError(f"warm-up request on {name!r} through the gateway got HTTP "
+                               f"{answer.status}: {answer.result and answer.result.message}")
+    gateway.statuses.clear()
+    gateway.unstamped = 0
 
 
 async def _warm_up(client, config: Config, timeout_s: float) -> None:
@@ -432,8 +498,13 @@ def _quiet_results(phase: Phase) -> list[tuple[Result, float]]:
 
 
 def _stage_times(phase: Phase) -> dict[str, list[float]]:
-    """Milliseconds per stage of the quiet orgs' ok requests (:mod:`traffic.stages`)."""
-    return stage_times(_quiet_results(phase))
+    """Milliseconds per stage of the quiet orgs' ok requests (:mod:`traffic.stages`), after
+    the HTTP hop to the gateway (its send -> the gateway's ``created_ms``) when they took it.
+    Their "delivery" then ends at the HTTP answer: it holds the gateway's way back."""
+    http = [max(0.0, float(s.result.created_ms) - s.sent_ms) for s in phase.sent.values()
+            if s.org in QUIET_ORGS and s.sent_ms is not None and s.result is not None
+            and s.result.status == "ok" and s.result.created_ms is not None]
+    return {HTTP_STAGE: http, **stage_times(_quiet_results(phase))}
 
 
 def _stages(phase: Phase) -> str:
@@ -455,29 +526,53 @@ def _ingress_split(phase: Phase) -> dict[str, list[float]]:
     return out
 
 
-def _ingress_line(phase: Phase) -> str:
-    return stage_line(_ingress_split(phase), label="  to admission, split")
+def _ingress_line(phase: Phase) -> str | None:
+    """The split of "to admission", where the demo's client made the append itself."""
+    split = _ingress_split(phase)
+    if not any(split.values()):
+        return None  # through the gateway: its append is the gateway's
+    return stage_line(split, label="  to admission, split")
+
+
+def _gateway_line(phase: Phase) -> str | None:
+    if phase.gateway is None:
+        return None
+    orgs = [o for o in PACED_ORGS if o in phase.gateway.keys]
+    return phase.gateway.line(orgs)
 
 
 def _late_line(phase: Phase, unloaded: Phase, bound_ms: float) -> str:
     """Where the quiet requests over ``bound_ms`` lost their time: each stage
-    beyond its p50 in the unloaded phase (:func:`traffic.stages.excess_by_stage`)."""
+    beyond its p50 in the unloaded phase (:func:`traffic.stages.excess_by_stage`),
+    and the HTTP hop to the gateway beyond its own, where they took it."""
     usual = usual_stage_ms(_quiet_results(unloaded))
-    late = [request_stages(s.result, s.done_ms) for s in phase.sent.values()
+    over = [s for s in phase.sent.values()
             if s.org in QUIET_ORGS and s.result is not None and s.result.status == "ok"
             and s.done_s is not None and s.done_ms is not None
             and (s.done_s - s.sent_s) * 1000 > bound_ms]
-    return excess_line(excess_by_stage(late, usual), len(late), label="quiet over the bound")
+    late = [request_stages(s.result, s.done_ms) for s in over]
+    line = excess_line(excess_by_stage(late, usual), len(late), label="quiet over the bound")
+    usual_http = percentile_ms(_stage_times(unloaded)[HTTP_STAGE], 50)
+    http = [float(s.result.created_ms) - s.sent_ms for s in over
+            if s.sent_ms is not None and s.result.created_ms is not None]
+    if http and usual_http is not None:
+        beyond = sum(max(0.0, ms - usual_http) for ms in http) / len(http)
+        line += f"; {HTTP_STAGE} beyond its unloaded p50: {beyond:,.0f} ms a request"
+    return line
 
 
 def _stage_table(phases: list[Phase]) -> str:
     """The quiet orgs' p99 per stage, one column per phase (unloaded first)."""
     times = [_stage_times(p) for p in phases]
     width = max(12, *(len(p.name) + 2 for p in phases))
-    rows = [f"{'p99 ms':<18}" + "".join(f"{p.name:>{width}}" for p in phases)]
-    for name, _, _ in STAGES:
-        rows.append(f"{name:<18}" + "".join(f"{_fmt(percentile_ms(t[name], 99)):>{width}}"
-                                            for t in times))
+    names = [name for name, _, _ in STAGES]
+    if any(t[HTTP_STAGE] for t in times):
+        names.insert(0, HTTP_STAGE)
+    label = max(18, *(len(n) + 1 for n in names))
+    rows = [f"{'p99 ms':<{label}}" + "".join(f"{p.name:>{width}}" for p in phases)]
+    for name in names:
+        rows.append(f"{name:<{label}}" + "".join(f"{_fmt(percentile_ms(t[name], 99)):>{width}}"
+                                                 for t in times))
     return "\n".join(rows)
 
 
@@ -508,22 +603,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "stays for the rest, the stand-in for its accelerator; off: every "
                              "process shares every CPU")
     parser.add_argument("--skip-x5", action="store_true", help="skip the 5x burst phase")
+    parser.add_argument("--quiet-via", choices=["gateway", "kafka"], default="gateway",
+                        help="gateway (default): the paced orgs call the HTTP gateway with API "
+                             "keys made for the run; kafka: they produce to Kafka directly, "
+                             "as the bursting org always does")
 
 
 def run(args: argparse.Namespace) -> int:
+    import tempfile
+
     from plumbing.logs import configure_logging
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as e:
-        print(f"serving-fairness demo: {e}", file=sys.stderr)
-        return 2
-    log_path = Path(args.log_file)
-    kept = fresh_log(log_path)
-    # Append mode: the service processes write to the same file.
-    with log_path.open("a") as log_file:
-        configure_logging(args.log_level, json=True, stream=log_file)
-        return asyncio.run(_main(config, args, log_path, log_file, kept))
+    keys = demo_keys(PACED_ORGS) if args.quiet_via == "gateway" else {}
+    with tempfile.TemporaryDirectory(prefix="sf-demo-") as tmp:
+        services_config = args.config
+        try:
+            if keys:
+                # The services read a copy that lists the keys' hashes; the
+                # keys themselves stay in this process's memory.
+                services_config = str(Path(tmp) / "config.toml")
+                Path(services_config).write_text(config_with_keys(args.config, keys))
+            config = load_config(services_config)
+        except (ConfigError, OSError) as e:
+            print(f"serving-fairness demo: {e}", file=sys.stderr)
+            return 2
+        log_path = Path(args.log_file)
+        kept = fresh_log(log_path)
+        # Append mode: the service processes write to the same file.
+        with log_path.open("a") as log_file:
+            configure_logging(args.log_level, json=True, stream=log_file)
+            return asyncio.run(_main(config, args, log_path, log_file, kept,
+                                     services_config=services_config, keys=keys))
 
 
 def fresh_log(path: Path) -> Path | None:
@@ -543,13 +653,19 @@ def fresh_log(path: Path) -> Path | None:
 
 
 async def _main(config: Config, args: argparse.Namespace, log_path: Path, log,
-                kept_log: Path | None) -> int:
+                kept_log: Path | None, *, services_config: str | None = None,
+                keys: dict[str, str] | None = None) -> int:
     out = sys.stdout
     shown = os.path.relpath(args.config)
     shown = args.config if shown.startswith("..") else shown
     print(f"serving-fairness demo: config {shown}, burst {args.burst}, "
           f"service logs -> {log_path}"
           + (f" (the run before: {kept_log})" if kept_log else ""), file=out, flush=True)
+    if keys:
+        print(f"{', '.join(keys)} send through the HTTP gateway (OpenAI /v1/embeddings, Cohere "
+              f"/v2/rerank), each with an API key made for this run (held in memory only, "
+              f"the services read its hash); {Burst.ORG} produces to Kafka directly",
+              file=out, flush=True)
     print("loading the embedding model and timing one full batch...", file=out, flush=True)
     threads = args.torch_threads or None
     full_ms = await asyncio.to_thread(_full_batch_ms, config, args.model, threads,
@@ -571,7 +687,8 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log,
         own = "; ".join(f"{name} on {_cpus(c)}" for name, c in worker_cpus.items())
         rest = "".join(f"; {name} on {_cpus(service_cpus)} at nice {n}"
                        for name, n in worker_nice.items())
-        print(f"CPUs: {own}; the broker, admission, scheduler and traffic on "
+        print(f"CPUs: {own}; the broker, admission, scheduler"
+              f"{', gateway' if keys else ''} and traffic on "
               f"{_cpus(service_cpus)}{rest} (--pin off: all shared)", file=out, flush=True)
     phases = [Phase("unloaded", "drr", 0), Phase(f"burst {args.burst}, drr", "drr", args.burst)]
     if not args.skip_x5:
@@ -579,13 +696,14 @@ async def _main(config: Config, args: argparse.Namespace, log_path: Path, log,
     phases.append(Phase(f"burst {args.burst}, fifo", "fifo", args.burst))
     for phase in phases:
         print(f"\n== phase: {phase.name} ==", file=out, flush=True)
-        await _run_phase(config, args.config, phase, quiet=args.quiet, timeout_s=args.timeout_s,
-                         model=args.model, threads=threads, log=log, log_level=args.log_level,
-                         microbatch_size=args.microbatch_size, worker_cpus=worker_cpus,
-                         worker_nice=worker_nice)
+        await _run_phase(config, services_config or args.config, phase, quiet=args.quiet,
+                         timeout_s=args.timeout_s, model=args.model, threads=threads, log=log,
+                         log_level=args.log_level, microbatch_size=args.microbatch_size,
+                         worker_cpus=worker_cpus, worker_nice=worker_nice, keys=keys)
         print(_table(phase), file=out)
-        print(_stages(phase), file=out)
-        print(_ingress_line(phase), file=out)
+        for line in (_gateway_line(phase), _stages(phase), _ingress_line(phase)):
+            if line is not None:
+                print(line, file=out)
         print(f"({phase.elapsed_s:.1f} s)", file=out, flush=True)
     served = served_full_batches(log_path, "embed", FULL_BATCH_SHARE * ep.max_batch_tokens)
     return _summary(phases, full_ms, args, out, served)
@@ -693,6 +811,11 @@ def _summary(phases: list[Phase], full_ms: float, args, out,
             "stages_p99_ms": {k: percentile_ms(v, 99) for k, v in stages.items()},
             "to_admission_split_p99_ms": {k: percentile_ms(v, 99)
                                           for k, v in _ingress_split(p).items()}}
+        if p.gateway is not None:
+            figures["phases"][p.name]["gateway"] = {
+                "http_requests": p.gateway.calls,
+                "http_statuses": {str(k): v for k, v in p.gateway.statuses.items()},
+                "ok_without_stamps": p.gateway.unstamped}
         print(check(f"{p.name}: nothing missing", lost == 0,
                     f"{p.name:<38} missing results {lost:>6}"), file=out)
         if p.policy != "drr" or p is phases[0]:

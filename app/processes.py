@@ -1,6 +1,7 @@
 """The pipeline as separate processes, the way it is deployed.
 
-Admission, the scheduler and one worker per endpoint each run as their own
+Admission, the scheduler, one worker per endpoint and, with
+``gateway_port``, the HTTP gateway each run as their own
 ``serving-fairness`` process against a given bootstrap. The demo uses this
 rather than :class:`app.stack.Stack` (one process) because on a small
 machine one interpreter's GIL would make every service wait for the others:
@@ -12,6 +13,11 @@ port of its own, and is stopped with SIGTERM (graceful), then SIGKILL.
 
 ``cpus`` pins services to CPUs by subcommand (the demo gives its workers a
 core of their own, standing in for their accelerator).
+
+``gateway_port=P`` adds ``serving-fairness gateway --port P`` (0: a free
+port, chosen here); :attr:`ProcessStack.gateway_url` is where its HTTP API
+listens. It is started with the others and stopped first, so that it
+drains (answers what waits) while the pipeline behind it still runs.
 
 For failure tests and benchmarks: ``schedulers=2`` starts a hot standby
 (``scheduler-2``), ``workers=N`` runs N workers per endpoint
@@ -87,7 +93,8 @@ class ProcessStack:
                  schedulers: int = 1, workers: int = 1,
                  extra_args: dict[str, list[str]] | None = None,
                  cpus: dict[str, set[int]] | None = None,
-                 nice: dict[str, int] | None = None):
+                 nice: dict[str, int] | None = None,
+                 gateway_port: int | None = None):
         self.config_path = str(config_path)
         self.bootstrap = bootstrap
         self.policy = policy
@@ -106,6 +113,10 @@ class ProcessStack:
         #: Added to a service's CPU niceness at its start (every thread it makes
         #: inherits it), by process name or subcommand, as ``cpus``.
         self.nice = nice or {}
+        #: The gateway's HTTP port (0: a free one, chosen at start); None: no gateway.
+        self.gateway_port = gateway_port
+        #: ``http://127.0.0.1:<port>`` of the gateway's HTTP API, once spawned.
+        self.gateway_url: str | None = None
         self.procs: dict[str, tuple[subprocess.Popen, int]] = {}
         self._args: dict[str, tuple[str, ...]] = {}
 
@@ -133,6 +144,10 @@ class ProcessStack:
             for i in range(self.workers):
                 name = f"worker-{ep}" + (f"-{i + 1}" if i else "")
                 self._spawn(name, "worker", "--endpoint", ep, *extra)
+        if self.gateway_port is not None:
+            port = self.gateway_port or free_port()
+            self._spawn("gateway", "gateway", "--port", str(port))
+            self.gateway_url = f"http://127.0.0.1:{port}"
         # Standbys after the first, so that the first one leads.
         await self.wait_ready(timeout_s)
         for i in range(1, self.schedulers):
@@ -210,19 +225,15 @@ class ProcessStack:
         return None
 
     async def stop(self, grace_s: float = 15.0) -> None:
-        # Workers first, so they finish their batch in hand and say bye.
-        order = sorted(self.procs.items(), key=lambda kv: not kv[0].startswith("worker"))
-        for _name, (proc, _) in order:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for _name, (proc, _) in order:
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait()
+        # The gateway alone first: it drains, and what it waits for needs the
+        # pipeline behind it.
+        gateway = [kv for kv in self.procs.items() if kv[0] == "gateway"]
+        await _terminate(gateway, deadline)
+        # Workers first, so they finish their batch in hand and say bye.
+        rest = sorted((kv for kv in self.procs.items() if kv[0] != "gateway"),
+                      key=lambda kv: not kv[0].startswith("worker"))
+        await _terminate(rest, deadline)
         self.procs.clear()
 
     async def __aenter__(self) -> Self:
@@ -234,3 +245,18 @@ class ProcessStack:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
+
+
+async def _terminate(procs: list[tuple[str, tuple[subprocess.Popen, int]]],
+                     deadline: float) -> None:
+    """SIGTERM to each of ``procs``, then wait for each in turn; SIGKILL past ``deadline``."""
+    for _name, (proc, _) in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for _name, (proc, _) in procs:
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()

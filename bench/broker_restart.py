@@ -8,13 +8,20 @@ second must notice (:mod:`plumbing.topickeeper`), recreate the topics and go
 on, and the client must get an answer or a clear error for every request:
 a result, or :class:`~producer.client.ResultLost` for what the broker lost.
 
-A request the client declares lost is submitted again, once, as
-:class:`~producer.client.ResultLost` tells a caller to, so the run can check
-that nothing is lost end to end. What must hold (the exit status, and
-``tests/integration/test_broker_restart.py``):
+A request the client declares lost is submitted again under a new id
+(``<id>:again1``: a late result of the first submission and the result of
+the second stay apart), as :class:`~producer.client.ResultLost` tells a
+caller to, and so is a request whose ``submit()`` raised (the other clear
+error a caller can get; a second later), up to three times, so the run can
+check that nothing is lost end to end. Everything is
+counted by id (:meth:`bench.loadgen.Load.tally`). What must hold (the exit
+status, and ``tests/integration/test_broker_restart.py``):
 
 * every request sent gets a result, a lost one after its resubmission
   (``unanswered`` = 0: a declared loss is not an answer);
+* no submit failed without an answer (``submit_failed`` = 0: its
+  resubmission answered it), no id was handed over twice (``duplicated`` = 0) and no result
+  came for an id this run never sent (``foreign`` = 0);
 * only a request the restart could have caught may be declared lost: one
   in flight at the restart or sent before the pipeline was back
   (``exposed``); none sent after (``lost_after_recovery`` = 0), and no more
@@ -71,20 +78,82 @@ def _restart_lines(log_path: Path) -> Counter:
     return out
 
 
-async def _resubmit_lost(client: FairnessClient, load: Load, declared: dict[str, float]) -> None:
-    """Submit each request the client declares lost again, once (``declared``: id -> when)."""
-    while True:
-        for rid in client.lost_requests():
-            if rid in declared:
-                continue
-            declared[rid] = time.monotonic()
-            o = load.sent.get(rid)
-            if o is None or o.result is not None:
-                continue
-            with contextlib.suppress(Exception):  # counted: it stays unanswered
-                await client.submit({"id": rid, "org": o.org, "endpoint": load.endpoint,
-                                     "input": {"type": "embed", "texts": ["lost, sent again"]}})
-        await asyncio.sleep(0.2)
+#: A resubmission's id: the request's own, then this, then the attempt (1, 2, ...).
+AGAIN = ":again"
+#: Most resubmissions of one request.
+MAX_AGAIN = 3
+#: After a submit raised, how long before the request is sent again.
+RETRY_AFTER_S = 1.0
+
+
+class _Resubmitter:
+    """Sends a request again, under a new id, when the client declares it lost or its submit raised.
+
+    As a caller following :class:`~producer.client.ResultLost` would: each
+    request up to :data:`MAX_AGAIN` times, a failed submit after
+    :data:`RETRY_AFTER_S`, a loss at once; a resubmission that is itself
+    declared lost, or whose submit raised, is sent again the same way.
+    """
+
+    def __init__(self, client: FairnessClient, load: Load) -> None:
+        self.client, self.load = client, load
+        #: Request id -> when the client declared its first submission lost.
+        self.declared: dict[str, float] = {}
+        #: Request id -> the ids it was sent again under, in order.
+        self.attempts: dict[str, list[str]] = {}
+        #: Exceptions of resubmissions that raised, by type.
+        self.errors: Counter = Counter()
+        self._handled: set[str] = set()
+        self._retry_at: dict[str, float] = {}
+
+    def origin(self, wire_id: str) -> str:
+        return wire_id.split(AGAIN)[0]
+
+    def again_results(self, rid: str) -> int:
+        """Results received for ``rid``'s resubmissions (each id once, if all is well)."""
+        return sum(self.load.foreign.get(w, 0) for w in self.attempts.get(rid, ()))
+
+    def answered(self, rid: str) -> bool:
+        o = self.load.sent.get(rid)
+        return (o is not None and o.result is not None) or self.again_results(rid) > 0
+
+    async def _again(self, rid: str) -> None:
+        tries = self.attempts.setdefault(rid, [])
+        if self.answered(rid) or len(tries) >= MAX_AGAIN:
+            return
+        wire = f"{rid}{AGAIN}{len(tries) + 1}"
+        tries.append(wire)
+        try:
+            await self.client.submit({"id": wire, "org": self.load.sent[rid].org,
+                                      "endpoint": self.load.endpoint,
+                                      "input": {"type": "embed", "texts": ["lost, sent again"]}})
+        except Exception as e:  # noqa: BLE001 - counted; sent again after a pause
+            self.errors[type(e).__name__] += 1
+            self._retry_at[rid] = time.monotonic() + RETRY_AFTER_S
+
+    async def run(self) -> None:
+        while True:
+            now = time.monotonic()
+            for wire in self.client.lost_requests():
+                rid = self.origin(wire)
+                if wire in self._handled or rid not in self.load.sent:
+                    continue
+                self._handled.add(wire)
+                if wire == rid:
+                    self.declared[rid] = now
+                await self._again(rid)
+            for rid, o in list(self.load.sent.items()):
+                if o.submit_error and rid not in self._handled:
+                    self._handled.add(rid)
+                    self._retry_at[rid] = now + RETRY_AFTER_S
+            for rid, at in list(self._retry_at.items()):
+                if at <= now:
+                    del self._retry_at[rid]
+                    await self._again(rid)
+            await asyncio.sleep(0.2)
+
+    def unanswered(self) -> list[str]:
+        return [rid for rid in self.load.sent if not self.answered(rid)]
 
 
 async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.0,
@@ -107,10 +176,10 @@ async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.
                                      env=env, schedulers=2, workers=1)
                 await stack.start(timeout_s=180)
                 say(f"pipeline up: {sorted(stack.procs)}")
-                declared: dict[str, float] = {}
                 async with FairnessClient(kafka, built.config, lost_grace_s=lost_grace_s) as client:
                     load = Load(client, ["acme", "bulk", "quiet"], rate).start()
-                    resubmit = asyncio.create_task(_resubmit_lost(client, load, declared))
+                    again = _Resubmitter(client, load)
+                    resubmit = asyncio.create_task(again.run())
                     try:
                         await asyncio.sleep(before_s)
                         restart_ms, restart_s = int(time.time() * 1000), time.monotonic()
@@ -121,7 +190,7 @@ async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.
                         # Every request a result: directly, or after it was declared lost
                         # (lost_grace_s after the client noticed) and sent again.
                         deadline = time.monotonic() + lost_grace_s + 60
-                        while load.missing() and time.monotonic() < deadline:
+                        while again.unanswered() and time.monotonic() < deadline:
                             await asyncio.sleep(0.2)
                         # A loss the client still has pending is declared within the
                         # grace: watch that long, so a late (false) declaration is counted.
@@ -140,14 +209,30 @@ async def run(*, rate: float = 30.0, before_s: float = 5.0, after_s: float = 12.
     before = [o for o in sent.values() if o.sent_ms < restart_ms]
     after = [o for o in sent.values() if o.sent_ms >= restart_ms]
     figures["sent_before"], figures["sent_after"] = len(before), len(after)
-    figures["results"] = sum(o.result is not None for o in sent.values())
+    # Counted by id. A resubmission's result answers the request it repeats; one
+    # id handed over twice, or a result for an id never sent, is a fault.
+    tally = load.tally()
+    declared = again.declared
+    attempt_ids = {w for ws in again.attempts.values() for w in ws}
+    figures["results"] = tally.answered
     figures["statuses"] = dict(load.statuses())
     # A loss is declared, then the request is sent again: it counts as answered only
     # once a result came, and a request with no result is unanswered, declared or not.
     figures["declared_lost"] = sum(1 for rid in sent if rid in declared)
-    figures["resubmitted_answered"] = sum(1 for rid, o in sent.items()
-                                          if rid in declared and o.result is not None)
-    figures["unanswered"] = sum(1 for o in sent.values() if o.result is None)
+    figures["resubmitted"] = sum(1 for ws in again.attempts.values() if ws)
+    figures["resubmitted_answered"] = sum(1 for rid in again.attempts
+                                          if again.again_results(rid) > 0)
+    # Declared lost, and its first submission's result came after all.
+    figures["declared_then_answered"] = sum(1 for rid, o in sent.items()
+                                            if rid in declared and o.result is not None)
+    figures["unanswered"] = len(again.unanswered())
+    figures["submit_errors"] = dict(load.submit_errors)
+    figures["resubmit_errors"] = dict(again.errors)
+    # Its submit raised, and no resubmission of it was answered either.
+    figures["submit_failed"] = sum(1 for rid in tally.submit_failed if not again.answered(rid))
+    figures["duplicated"] = len(tally.duplicated) + sum(
+        1 for w, n in tally.foreign.items() if w in attempt_ids and n > 1)
+    figures["foreign"] = sum(n for w, n in tally.foreign.items() if w not in attempt_ids)
     firsts = [o.done_s for o in after if o.done_s is not None]
     figures["recovery_s"] = round(min(firsts) - restart_s, 2) if firsts else None
     # Requests sent once the pipeline was back (after the first new result).
@@ -174,8 +259,13 @@ def report(f: dict) -> str:
         f"results                    {f['results']}  {f['statuses']}",
         (f"declared lost (ResultLost) {f['declared_lost']} of {f['exposed']} in flight at the "
          f"restart or sent before recovery, {f['lost_after_recovery']} sent after; sent "
-         f"again: {f['resubmitted_answered']} answered"),
+         f"again (lost or submit raised): {f['resubmitted']}, {f['resubmitted_answered']} "
+         "answered"),
         f"unanswered                 {f['unanswered']} (no result, lost or not)",
+        (f"counted by id              submit failed {f['submit_failed']} (errors: "
+         f"{f['submit_errors']}, resubmissions: {f['resubmit_errors']}), duplicated "
+         f"{f['duplicated']}, foreign {f['foreign']}; declared lost and answered after all "
+         f"{f['declared_then_answered']}"),
         (f"recovery                   {f['recovery_s']} s from the restart to the first result "
         "of a request sent after it"),
         (f"after recovery             {f['ok_after_recovery']} ok, "
@@ -204,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
 def passed(f: dict) -> bool:
     """Nothing lost end to end, and only what was in flight at the restart declared lost."""
     return (f["unanswered"] == 0 and f["lost_after_recovery"] == 0
-            and f["declared_lost"] <= f["exposed"])
+            and f["declared_lost"] <= f["exposed"] and f["submit_failed"] == 0
+            and f["duplicated"] == 0 and f["foreign"] == 0)
 
 
 if __name__ == "__main__":

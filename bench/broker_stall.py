@@ -14,8 +14,10 @@ Tansu once did with NotLeaderForPartition), is retried by aiokafka until
 that timeout, then handed to the service's own retry; so the timeout is
 what one stalled produce can cost.
 
-Printed per setting: requests sent, answered, unanswered (must be 0),
-copies dropped by the client, the latency of requests sent before, during
+Printed per setting: requests sent, answered, unanswered (must be 0), the
+requests counted by id (submit failed, handed over twice, results for ids
+never sent: each must be 0; the exit status is 1 otherwise), copies dropped
+by the client, the latency of requests sent before, during
 and after the stall (p50 / p99 / max), and the recovery: from the thaw to
 the first result of a request sent after it.
 
@@ -44,7 +46,7 @@ from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import KafkaSettings
 from producer.client import FairnessClient
 
-__all__ = ["main", "run"]
+__all__ = ["main", "passed", "report", "run"]
 
 
 def _lat_ms(outcomes) -> dict[str, float | None]:
@@ -95,12 +97,16 @@ async def run(*, produce_timeout_ms: int, rate: float = 50.0, before_s: float = 
                     await load.close()
             figures["failed_process"] = stack.failed()
             await stack.stop()
+    tally = load.tally()
     sent = list(load.sent.values())
     before = [o for o in sent if o.sent_s < frozen_s]
     during = [o for o in sent if frozen_s <= o.sent_s < thawed_s]
     after = [o for o in sent if o.sent_s >= thawed_s]
-    figures |= {"sent": len(sent), "answered": sum(o.result is not None for o in sent),
-                "unanswered": sum(o.result is None for o in sent),
+    figures |= {"sent": tally.sent, "answered": tally.answered,
+                # No result, whether its submit raised or not.
+                "unanswered": len(tally.lost) + len(tally.submit_failed),
+                "submit_failed": len(tally.submit_failed), "duplicated": len(tally.duplicated),
+                "foreign": sum(tally.foreign.values()), "by_id": tally.line(),
                 "statuses": dict(load.statuses()), "submit_errors": dict(load.submit_errors),
                 "before_ms": _lat_ms(before), "during_ms": _lat_ms(during),
                 "after_ms": _lat_ms(after)}
@@ -121,6 +127,8 @@ def report(rows: list[dict]) -> str:
                    f"{f['unanswered']:>11}{f['duplicates_dropped']:>15}  "
                    f"{lat(f['before_ms']):>22}  {lat(f['during_ms']):>20}  "
                    f"{lat(f['after_ms']):>18}  {f['recovery_s']!s:>10}")
+    out.extend(f"{f['produce_timeout_ms']:>14} ms  counted by id: {f['by_id']}; submit errors "
+               f"{f['submit_errors']}" for f in rows)
     out.append(f"broker frozen (SIGSTOP) {rows[0]['stall_s']:g} s at {rows[0]['rate']:g} "
                "requests/s; statuses: " + "; ".join(str(f["statuses"]) for f in rows))
     return "\n".join(out)
@@ -141,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     print(report(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
-    return 0 if all(r["unanswered"] == 0 for r in rows) else 1
+    return 0 if all(passed(r) for r in rows) else 1
+
+
+def passed(f: dict) -> bool:
+    """Every request back exactly once: none unanswered, none failed to submit, none twice."""
+    return (f["drained"] and f["unanswered"] == 0 and f["submit_failed"] == 0
+            and f["duplicated"] == 0 and f["foreign"] == 0)
 
 
 if __name__ == "__main__":

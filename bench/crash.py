@@ -20,7 +20,9 @@ of steady load between:
    (``paused_served_after_successor``, from the results' stamps).
 
 Load stops, the run waits for every result, and prints: requests sent,
-results received (by status), lost (no result), copies the client dropped
+results received (by status), the requests counted by id (lost: submitted
+with no result; submit failed; handed over twice; results for ids never
+sent: each must be 0), copies the client dropped
 (``client.duplicates``), requests dispatched twice (in two batches, read back
 from the reply topic; counted against the crash that followed their
 submission), and the recovery times. Scheduler takeovers no longer depend on
@@ -56,7 +58,7 @@ from plumbing.kafka import KafkaSettings
 from producer.client import FairnessClient
 from schemas.build import Built, build_config
 
-__all__ = ["config", "main", "run"]
+__all__ = ["config", "main", "passed", "run"]
 
 
 def config(*, model: str, worker_timeout_ms: int, prefix: str = "crash.") -> Built:
@@ -131,9 +133,14 @@ async def run(*, rate: float = 40.0, phase_s: float = 6.0, session_ms: int = 200
                 figures["failed_process"] = stack.failed()
             await stack.stop()
     sent = load.sent
-    figures["sent"] = len(sent)
-    figures["results"] = sum(o.result is not None for o in sent.values())
-    figures["lost"] = len(load.missing())
+    tally = load.tally()
+    figures["sent"] = tally.sent
+    figures["results"] = tally.answered
+    figures["lost"] = len(tally.lost)
+    figures["submit_failed"] = len(tally.submit_failed)
+    figures["duplicated"] = len(tally.duplicated)
+    figures["foreign"] = sum(tally.foreign.values())
+    figures["by_id"] = tally.line()
     figures["statuses"] = dict(load.statuses())
     figures["copies_written"] = sum(copies.values())
     twice = [rid for rid, b in batches.items() if len(b) > 1]
@@ -273,6 +280,8 @@ def report(f: dict) -> str:
         f"requests sent              {f['sent']}",
         f"results received           {f['results']}  {f['statuses']}",
         f"lost (no result)           {f['lost']}",
+        f"counted by id              {f['by_id']}",
+        f"submit errors              {f['submit_errors']}",
         (f"copies written / dropped   {f['copies_written']} written, "
          f"{f['client_duplicates_dropped']} dropped by the client"),
         f"served by worker           {f.get('served_by_worker')}",
@@ -314,7 +323,13 @@ def main(argv: list[str] | None = None) -> int:
                                   pause_s=args.pause_s, log=log))
     print(report(figures))
     write_json(args.json, figures)
-    return 0 if figures["lost"] == 0 else 1
+    return 0 if passed(figures) else 1
+
+
+def passed(f: dict) -> bool:
+    """Every request one result: none lost, none failed to submit, none twice, none foreign."""
+    return (f["drained"] and f["lost"] == 0 and f["submit_failed"] == 0
+            and f["duplicated"] == 0 and f["foreign"] == 0)
 
 
 if __name__ == "__main__":

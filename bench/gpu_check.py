@@ -26,8 +26,11 @@ answers:
    its weights. The same model also gets the check of point 2.
 
 The models are built on the spot by ``tests/fixtures/tiny_models.py`` (no
-download, no hub). Without CUDA the script compares CPU with CPU and says so;
-``--require-cuda`` makes that a failure. Exit status 1 when any check fails.
+download, no hub). Without CUDA the script compares CPU with CPU and says so:
+the CUDA path is NOT CHECKED, and the exit status is 2 (as ``bench/core.py``
+for targets it did not reach), never 0; ``--require-cuda`` makes it a
+failure (1). Exit status 1 when any check fails, or when no check ran; 0
+only for every check passed on CUDA.
 
 Run: ``python bench/gpu_check.py [--require-cuda] [--json PATH] [--no-timing]``.
 What it gave on one H200 (13/13 passed): docs/deployment.md, "The CUDA path,
@@ -106,7 +109,8 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all(c["ok"] for c in self.checks)
+        """Every check passed, and there was at least one."""
+        return bool(self.checks) and all(c["ok"] for c in self.checks)
 
 
 def param_device(model) -> str:
@@ -430,14 +434,20 @@ def main(argv: list[str] | None = None) -> int:
             report.check("ran to the end", False, f"{type(e).__name__}: {e}")
     report.figures["total_s"] = round(time.perf_counter() - t0, 1)
     failed = [c["name"] for c in report.checks if not c["ok"]]
+    cuda = bool(report.figures.get("environment", {}).get("cuda_available"))
     print(f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed"
+          + ("" if cuda else " (CPU against CPU)")
           + (f"; FAILED: {', '.join(failed)}" if failed else "")
           + f" ({report.figures['total_s']} s)", flush=True)
+    status = 1 if not report.ok else 0 if cuda else 2
+    if status == 2:
+        print("the CUDA path NOT CHECKED: torch sees no GPU (exit status 2)", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"ok": report.ok, "checks": report.checks,
-                                         "figures": report.figures}, indent=2, default=str))
-    return 0 if report.ok else 1
+        args.json.write_text(json.dumps({"ok": report.ok and cuda, "cuda_checked": cuda,
+                                         "checks": report.checks, "figures": report.figures},
+                                        indent=2, default=str))
+    return status
 
 
 if __name__ == "__main__":

@@ -2,11 +2,15 @@
 
 :class:`Load` submits requests on an absolute schedule (``rate`` per second,
 orgs in turn) through a :class:`~producer.client.FairnessClient`, and
-collects every result the client delivers (each id once) with its arrival
-time. :func:`reply_copies` reads the client's reply topic from the start
-afterwards: how many copies of each id were written (the client dropped
-all but the first), and through how many distinct batches each id went
-(more than one: it was dispatched twice).
+collects every result the client delivers with its arrival time. Everything
+is counted by request id (:meth:`Load.tally`): a request whose ``submit()``
+raised stays in ``sent`` (marked ``submit_error``) and counts as
+submit-failed, not as nothing; a second result the client hands over for an
+id counts as duplicated (the client promises each id once); a result for an
+id this load never sent counts as foreign. :func:`reply_copies` reads the
+client's reply topic from the start afterwards: how many copies of each id
+were written (the client dropped all but the first), and through how many
+distinct batches each id went (more than one: it was dispatched twice).
 
 Used by ``bench/crash.py``, ``bench/overload.py``, ``bench/broker_restart.py``
 and their tests.
@@ -26,7 +30,7 @@ from plumbing.kafka import KafkaSettings, make_consumer
 from schemas.codec import codec_for, format_from_headers
 from schemas.messages import Result
 
-__all__ = ["Load", "Outcome", "percentile", "reply_copies", "rss_mib"]
+__all__ = ["Load", "Outcome", "Tally", "percentile", "reply_copies", "rss_mib"]
 
 _result_codec = codec_for(Result)
 
@@ -44,10 +48,56 @@ class Outcome:
     phase: str = ""
     #: When the submit was acknowledged (the client's own queueing before it).
     submitted_s: float | None = None
+    #: The exception's type name when ``submit()`` raised (the request may
+    #: still have landed, and its result may still come).
+    submit_error: str | None = None
+    #: Results the client handed over for this id after the first.
+    extra_results: int = 0
 
     @property
     def latency_s(self) -> float | None:
         return None if self.done_s is None else self.done_s - self.sent_s
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What came of every request a :class:`Load` sent, counted by id.
+
+    ``sent`` = ``answered`` + ``lost`` + ``submit_failed`` (unanswered ones):
+    each id is in exactly one of the three. ``duplicated`` and ``foreign`` are
+    results, not requests: ids handed over more than once, and ids never sent.
+    """
+
+    sent: int
+    #: Ids with a result.
+    answered: int
+    #: Ids submitted (``submit()`` returned) with no result.
+    lost: tuple[str, ...]
+    #: Ids whose ``submit()`` raised and that got no result.
+    submit_failed: tuple[str, ...]
+    #: Ids whose ``submit()`` raised but whose result came anyway.
+    submit_failed_answered: int
+    #: Ids the client handed over more than once -> copies beyond the first.
+    duplicated: dict[str, int]
+    #: Ids nobody sent -> results received for them.
+    foreign: dict[str, int]
+
+    def line(self) -> str:
+        """One line: every count, with a few ids of each nonzero one."""
+        def ids(xs) -> str:
+            xs = list(xs)
+            return "" if not xs else " (" + ", ".join(xs[:3]) + (", ..." if len(xs) > 3 else "") + ")"
+        return (f"sent {self.sent}, answered {self.answered}, lost {len(self.lost)}"
+                f"{ids(self.lost)}, submit failed {len(self.submit_failed)}"
+                f"{ids(self.submit_failed)} (+{self.submit_failed_answered} answered anyway), "
+                f"duplicated {len(self.duplicated)}{ids(self.duplicated)}, "
+                f"foreign {sum(self.foreign.values())}{ids(self.foreign)}")
+
+    def as_dict(self) -> dict:
+        return {"sent": self.sent, "answered": self.answered, "lost": len(self.lost),
+                "submit_failed": len(self.submit_failed),
+                "submit_failed_answered": self.submit_failed_answered,
+                "duplicated": len(self.duplicated), "foreign": sum(self.foreign.values())}
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -91,6 +141,8 @@ class Load:
     phase: str = ""
     sent: dict[str, Outcome] = field(default_factory=dict)
     submit_errors: Counter = field(default_factory=Counter)
+    #: Results for ids this load never sent, per id.
+    foreign: Counter = field(default_factory=Counter)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
@@ -111,11 +163,28 @@ class Load:
                 await t
 
     def missing(self, phase: str | None = None) -> list[str]:
+        """Ids submitted (or being submitted) with no result yet; a failed submit is not one."""
         return [rid for rid, o in self.sent.items()
-                if o.result is None and (phase is None or o.phase == phase)]
+                if o.result is None and o.submit_error is None
+                and (phase is None or o.phase == phase)]
+
+    def tally(self, phase: str | None = None) -> Tally:
+        """Every request of ``phase`` (None: all) counted by id; see :class:`Tally`."""
+        mine = {rid: o for rid, o in self.sent.items() if phase is None or o.phase == phase}
+        return Tally(
+            sent=len(mine),
+            answered=sum(o.result is not None for o in mine.values()),
+            lost=tuple(rid for rid, o in mine.items()
+                       if o.result is None and o.submit_error is None),
+            submit_failed=tuple(rid for rid, o in mine.items()
+                                if o.result is None and o.submit_error is not None),
+            submit_failed_answered=sum(o.result is not None and o.submit_error is not None
+                                       for o in mine.values()),
+            duplicated={rid: o.extra_results for rid, o in mine.items() if o.extra_results},
+            foreign=dict(self.foreign))
 
     async def drain(self, timeout_s: float) -> bool:
-        """Wait until every request sent has its result; False at the timeout."""
+        """Wait until every request submitted has its result; False at the timeout."""
         deadline = time.monotonic() + timeout_s
         while self.missing():
             if time.monotonic() > deadline:
@@ -161,16 +230,21 @@ class Load:
             await self.client.submit(req)
             if (o := self.sent.get(rid)) is not None:
                 o.submitted_s = time.monotonic()
-        except Exception as e:  # noqa: BLE001 - counted, the run goes on
+        except Exception as e:  # noqa: BLE001 - counted by id, the run goes on
             self.submit_errors[type(e).__name__] += 1
-            self.sent.pop(rid, None)
+            if (o := self.sent.get(rid)) is not None:
+                o.submit_error = type(e).__name__
         finally:
             slots.release()
 
     async def _collect(self) -> None:
         async for res in self.client.results():
             o = self.sent.get(res.id)
-            if o is not None and o.result is None:
+            if o is None:
+                self.foreign[res.id] += 1
+            elif o.result is not None:
+                o.extra_results += 1
+            else:
                 o.result, o.done_s = res, time.monotonic()
 
 

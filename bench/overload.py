@@ -7,7 +7,9 @@ tokens a second. A :class:`~producer.client.FairnessClient` offers
 ``--factor`` times that (in requests of ``--words`` + 1 tokens, three orgs
 in turn) for ``--seconds``. What must hold, and is printed:
 
-* every request gets one terminal result (nothing left waiting);
+* every request gets one terminal result (nothing left waiting), counted by
+  id: none unanswered, none whose submit failed, none handed over twice, no
+  result for an id never sent;
 * the scheduler's held requests (its ``scheduler-state`` snapshots) stay
   bounded by ``max_held_requests`` plus one fetch: beyond it admission
   refuses with ``overloaded``;
@@ -19,6 +21,12 @@ in turn) for ``--seconds``. What must hold, and is printed:
   ``docs/reliability.md``);
 * every refusal carries a reason and a retry-after;
 * the scheduler's memory stays flat (its RSS, sampled every second).
+
+The bounds are checked on samples, and the samples are counted: the held
+requests (``held_samples``, one per snapshot in the overload), the RSS
+(``rss_samples``); whether the warm-up saw a measured rate
+(``warmup_rate_measured``), and what ended the followers
+(``side_errors``: an exception there is reported, not swallowed).
 
 Before the overload, ``--warmup-s`` at the nominal capacity: overload hits a
 running pipeline whose service rate is measured (on a cold one, with no rate
@@ -55,7 +63,10 @@ from schemas.codec import codec_for
 from schemas.messages import SchedulerState
 from traffic.stages import stage_line, stage_times
 
-__all__ = ["config", "main", "run"]
+__all__ = ["ONE_FETCH", "config", "main", "passed", "run"]
+
+#: The scheduler's max_poll_records: how far one fetch can overshoot ``max_held_requests``.
+ONE_FETCH = 500
 
 
 def config(*, max_held: int, ms_per_token: float, target_ms: int) -> Built:
@@ -137,11 +148,12 @@ async def run(*, seconds: float = 60.0, factor: float = 10.0, ms_per_token: floa
                 t_up = time.monotonic()
                 try:
                     await asyncio.sleep(warmup_s)
-                    # Until the scheduler has measured its service rate.
+                    # Until the scheduler has measured its service rate (at most 30 s).
                     for _ in range(300):
                         if rates and rates[-1][1] > 0:
                             break
                         await asyncio.sleep(0.1)
+                    figures["warmup_rate_measured"] = bool(rates and rates[-1][1] > 0)
                     figures["warmup_s"] = round(time.monotonic() - t_up, 1)
                     load.rate, load.phase = rate, "overload"
                     t0 = time.monotonic()
@@ -153,7 +165,8 @@ async def run(*, seconds: float = 60.0, factor: float = 10.0, ms_per_token: floa
                 finally:
                     await load.close()
                     stop.set()
-                    await asyncio.gather(*side, return_exceptions=True)
+                    ended = await asyncio.gather(*side, return_exceptions=True)
+                    figures["side_errors"] = [repr(e) for e in ended if e is not None]
             figures["failed_process"] = stack.failed()
             await stack.stop()
     _figures(figures, load, held, rss, t0, t_end)
@@ -168,7 +181,12 @@ def _figures(f: dict, load: Load, held, rss, t0: float, t_end: float) -> None:
     sent = [o for o in load.sent.values() if o.phase == "overload"]
     f["warmup_sent"] = sum(1 for o in load.sent.values() if o.phase == "warmup")
     f["sent"] = len(sent)
-    f["unanswered"] = len(load.missing())  # both phases
+    tally = load.tally()  # both phases, by id
+    f["unanswered"] = len(tally.lost) + len(tally.submit_failed)
+    f["submit_failed"] = len(tally.submit_failed)
+    f["duplicated"] = len(tally.duplicated)
+    f["foreign"] = sum(tally.foreign.values())
+    f["by_id"] = tally.line()
     f["submit_errors"] = dict(load.submit_errors)
     by = Counter()
     refusals_without = 0
@@ -202,9 +220,11 @@ def _figures(f: dict, load: Load, held, rss, t0: float, t_end: float) -> None:
              and o.result.status == "rejected" and o.result.retry_after_ms]
     f["retry_after_ms"] = {q: percentile(retry, q) for q in (50, 99)} if retry else {}
     during = [n for t, n in held if t0 <= t <= t_end]
-    f["held_max"] = max(during, default=0)
+    f["held_samples"] = len(during)
+    f["held_max"] = max(during, default=None)
     f["held_p50"] = percentile(during, 50)
     mem = [r for t, r in rss if t0 <= t <= t_end]
+    f["rss_samples"] = len(mem)
     if mem:
         half = mem[len(mem) // 2:]
         f["scheduler_rss_mib"] = {"start": round(mem[0], 1), "max": round(max(mem), 1),
@@ -218,13 +238,16 @@ def report(f: dict) -> str:
          f"({f['offered_rps']}/s, {f['factor']:g}x the nominal {f['capacity_rps']}/s)"),
         f"results                  {f['results']}",
         f"unanswered               {f['unanswered']} (drained in {f.get('drain_s')} s)",
+        f"counted by id            {f['by_id']}; submit errors {f['submit_errors']}",
         f"refusals w/o reason      {f['refusals_without_reason_or_retry_after']}",
         f"retry-after (ms)         p50/p99 {f['retry_after_ms']}",
         (f"accepted latency (ms)    {f['ok_latency_ms']} (target {f['latency_target_ms']}; "
          f"{f['ok_over_target']} of {f['accepted']} over it); served {f['served_rps']}/s"),
         (f"held requests            max {f['held_max']}, p50 {f['held_p50']} "
-         f"(max_held_requests {f['max_held_requests']})"),
-        f"scheduler RSS (MiB)      {f.get('scheduler_rss_mib')}",
+         f"(max_held_requests {f['max_held_requests']}; {f['held_samples']} snapshots)"),
+        (f"scheduler RSS (MiB)      {f.get('scheduler_rss_mib')} ({f['rss_samples']} samples)"),
+        (f"warm-up                  {f.get('warmup_s')} s, rate measured: "
+         f"{f.get('warmup_rate_measured')}; follower errors: {f.get('side_errors')}"),
         (f"service rate             {f.get('measured_tokens_per_s_p50')} tokens/s measured "
          f"(p50 of the snapshots); served {round(f['served_rps'] * (f.get('tokens') or 0))}; "
          f"hops after admission {f.get('hops_ms_p50')} ms (p50 of the snapshots)"),
@@ -252,7 +275,15 @@ def main(argv: list[str] | None = None) -> int:
                                   target_ms=args.target_ms, log=log))
     print(report(figures))
     write_json(args.json, figures)
-    return 0 if figures["unanswered"] == 0 else 1
+    return 0 if passed(figures) else 1
+
+
+def passed(f: dict) -> bool:
+    """One terminal result per request, counted by id, and the bounds checked on samples."""
+    return (f["drained"] and f["unanswered"] == 0 and f["submit_failed"] == 0
+            and f["duplicated"] == 0 and f["foreign"] == 0 and not f["side_errors"]
+            and f["held_samples"] > 0 and f["held_max"] <= f["max_held_requests"] + ONE_FETCH
+            and f["refusals_without_reason_or_retry_after"] == 0)
 
 
 if __name__ == "__main__":

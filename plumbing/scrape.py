@@ -31,6 +31,7 @@ JOBS: dict[str, tuple[str, ...]] = {
     "admission": ("admission",),
     "scheduler": ("scheduler", "scheduler-standby"),
     "worker": ("worker-embed", "worker-rerank", "worker-gpu"),
+    "gateway": ("gateway",),
 }
 #: The port every service of the compose stack serves /metrics on.
 METRICS_PORT = 9100

@@ -17,7 +17,7 @@ from typing import Annotated
 from plumbing.settings import ServiceSettings, doc
 from schemas.config import Policy
 
-__all__ = ["AdmissionSettings", "SchedulerSettings", "WorkerSettings"]
+__all__ = ["AdmissionSettings", "GatewaySettings", "SchedulerSettings", "WorkerSettings"]
 
 
 class AdmissionSettings(ServiceSettings, frozen=True):
@@ -171,3 +171,50 @@ class WorkerSettings(ServiceSettings, frozen=True, kw_only=True):
         "Run a few batches of different shapes before joining the group: the first calls "
         "of a shape are slow (kernel selection, allocator growth), and the first real "
         "requests should not pay for that.")] = True
+
+
+class GatewaySettings(ServiceSettings, frozen=True):
+    """How one HTTP gateway runs (its keys are the configuration's ``api_keys``).
+
+    Every field is also a flag (``--max-waiting-requests``) and an environment
+    variable (``SF_GATEWAY_MAX_WAITING_REQUESTS``), see :mod:`plumbing.settings`.
+    """
+
+    host: Annotated[str, doc(
+        "Address the HTTP API listens on (0.0.0.0 in a container).")] = "127.0.0.1"
+    port: Annotated[int, doc(
+        "Port of the HTTP API (OpenAI, Cohere and TEI routes); 0: any free port.",
+        ge=0, le=65535)] = 8080
+    gateway_id: Annotated[str | None, doc(
+        "This replica's name: its reply topic is <prefix>replies.gateway-<id>. Give each "
+        "replica its own, stable across restarts (a pod name; characters other than "
+        "letters, digits and ._- become -); unset: random per start.")] = None
+    max_body_bytes: Annotated[int, doc(
+        "Largest request body; a larger one gets 413 before it is read (by its "
+        "Content-Length) or as soon as it passes the limit.", ge=1024)] = 4 * 1024 * 1024
+    max_waiting_requests: Annotated[int, doc(
+        "Requests waiting for their result at once; one more gets 503 at once, so the "
+        "memory the waits hold is bounded (docs/benchmarks.md measures it per request).",
+        ge=1)] = 10_000
+    max_wait_ms: Annotated[int, doc(
+        "Deadline of a request whose client sends no timeout (x-stainless-read-timeout, "
+        "X-Request-Timeout); a client's longer timeout is cut to it. The pipeline expires "
+        "work past it, so nothing is served that nobody waits for.",
+        ge=1, le=86_400_000)] = 60_000
+    result_grace_ms: Annotated[int, doc(
+        "How long past a request's deadline the gateway still waits for its result (the "
+        "pipeline's 'expired' answer) before answering 504 itself.", ge=0)] = 5_000
+    drain_s: Annotated[float, doc(
+        "On SIGTERM, how long requests already waiting get to be answered; new ones get "
+        "503 meanwhile, and any still waiting after it get 503.", ge=0)] = 30.0
+    tei_embed_endpoint: Annotated[str | None, doc(
+        "The endpoint TEI's POST /embed serves (TEI's bodies name no model); unset: the "
+        "first embed endpoint of the configuration.")] = None
+    tei_rerank_endpoint: Annotated[str | None, doc(
+        "The endpoint TEI's POST /rerank serves; unset: the first rerank endpoint.")] = None
+    config_path: Annotated[str | None, doc(
+        "The configuration file, reloaded on SIGHUP (keys added and revoked at once) and "
+        "when its modification time changes; unset: no file.")] = None
+    config_poll_ms: Annotated[int, doc(
+        "How often the file's modification time is checked; 0: on SIGHUP only.",
+        ge=0)] = 2_000

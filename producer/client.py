@@ -131,6 +131,7 @@ class FairnessClient(StartStop):
         clock_skew_ms: int = 60_000,
         lost_grace_s: float = 10.0,
         stop_timeout_s: float = 10.0,
+        keep_unclaimed: bool = True,
     ):
         if isinstance(config_or_prefix, Config):
             self.topics = Topics.of(config_or_prefix)
@@ -153,6 +154,12 @@ class FairnessClient(StartStop):
         self.lost_grace_s = lost_grace_s
         #: How long each step of :meth:`stop` may take before it is left behind.
         self.stop_timeout_s = stop_timeout_s
+        #: False: a result nobody submitted through this client or still awaits
+        #: (abandoned with :meth:`abandon`, or older than the client) is dropped
+        #: and counted in :attr:`unclaimed`, instead of kept for :meth:`results`.
+        #: A gateway, whose every request has a waiter, holds nothing for nobody.
+        self.keep_unclaimed = keep_unclaimed
+        self.unclaimed = 0
         self.duplicates = 0
         self._producer = None
         self._consumer = None
@@ -346,6 +353,32 @@ class FairnessClient(StartStop):
             if fut.done() or self._waiters.get(request_id) is fut:
                 self._waiters.pop(request_id, None)
 
+    def abandon(self, request_id: str) -> None:
+        """Nobody waits for ``request_id`` any more (its caller went away): forget it.
+
+        Its result, when it comes, is dropped (with ``keep_unclaimed`` off) or
+        handed to :meth:`results`; nothing of it is held until then.
+        """
+        self._outstanding.pop(request_id, None)
+        self._ready.pop(request_id, None)
+        fut = self._waiters.pop(request_id, None)
+        if fut is not None and not fut.done():
+            fut.cancel()
+        if not self._outstanding:
+            self._pace()
+
+    def fail_waiting(self, exc: BaseException) -> int:
+        """Raise ``exc`` in every :meth:`result` call still waiting; how many there were."""
+        waiting = [f for f in self._waiters.values() if not f.done()]
+        for fut in waiting:
+            fut.set_exception(exc)
+        return len(waiting)
+
+    @property
+    def waiting(self) -> int:
+        """Requests submitted whose result has not come (bounded by ``remember_ids``)."""
+        return len(self._outstanding)
+
     def lost_requests(self) -> dict[str, str]:
         """Submitted ids the broker lost (no result came since), with why."""
         return dict(self._lost)
@@ -407,7 +440,8 @@ class FairnessClient(StartStop):
         self._seen[res.id] = None
         while len(self._seen) > self.remember_ids:
             self._seen.popitem(last=False)
-        if res.id in self._outstanding:
+        claimed = res.id in self._outstanding
+        if claimed:
             del self._outstanding[res.id]
             if not self._outstanding:
                 self._pace()  # the last one in flight: nothing is due any more
@@ -415,6 +449,9 @@ class FairnessClient(StartStop):
         fut = self._waiters.pop(res.id, None)
         if fut is not None and not fut.done():
             fut.set_result(res)
+            return
+        if not self.keep_unclaimed and not claimed:
+            self.unclaimed += 1
             return
         self._ready[res.id] = res
         while len(self._ready) > self.remember_ids:  # nobody is collecting: keep the newest

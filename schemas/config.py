@@ -136,13 +136,21 @@ class Endpoint(_Config):
     prompts: dict[PromptKey, Annotated[str, Meta(max_length=4096)]] = {}
 
 
+#: An API key as the registry holds it: the SHA-256 of the key, never the key.
+KeyHash = Annotated[str, Meta(pattern=r"^sha256:[0-9a-f]{64}\Z")]
+
+
 class Org(_Config):
-    """A tenant: its tier, its DRR weight, and optional limit overrides."""
+    """A tenant: its tier, its DRR weight, optional limit overrides and its API keys."""
 
     tier: Name
     weight: Annotated[float, Meta(gt=0, le=1000)] = 1.0
     #: Per endpoint, replaces the tier's windows for this org.
     limits: dict[str, list[Window]] = {}
+    #: Hashes of the keys that prove this org at the HTTP gateway
+    #: (``serving-fairness keys new --org X`` makes one); several for rotation.
+    #: A key is removed (revoked) by removing its line and reloading.
+    api_keys: list[KeyHash] = []
 
 
 class ServiceConfig(_Config):
@@ -253,7 +261,13 @@ def _check(cfg: Config) -> list[str]:
                 f"below the largest request cost ({max_cost:g} with cost_model "
                 f"{ep.cost_model!r}): one DRR turn must fit any request"
             )
+    key_owner: dict[str, str] = {}
     for org_name, org in cfg.orgs.items():
+        for i, h in enumerate(org.api_keys):
+            owner = key_owner.setdefault(h, org_name)
+            if owner != org_name or org.api_keys.index(h) != i:
+                problems.append(f"orgs.{org_name}.api_keys[{i}]: this hash is already listed "
+                                f"for org {owner!r}; a key proves one org")
         if org.tier not in names:
             problems.append(f"orgs.{org_name}.tier: unknown tier {org.tier!r} (tiers: {names})")
         for ep_name in org.limits:

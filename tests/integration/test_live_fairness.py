@@ -77,7 +77,14 @@ async def test_quiet_orgs_p99_is_a_fifth_of_the_bursts_p50_and_nothing_is_missin
     run, latency = await _run(kafka_settings, topic_prefix, "drr")
     statuses = {o.status for o in run.outcomes}
     assert statuses == {"ok"}, f"not every request came back ok: {statuses}"
-    assert len(run.outcomes) == BURST_SIZE + len(QUIET) * PER_QUIET
+    # Counted by id: each request sent has its own result, none came twice or for another.
+    sent = [it.request.id for it in _items()]
+    assert sorted(o.id for o in run.outcomes) == sorted(sent)
+    assert all(got is not None and got[0].id == wire
+               for wire, got in zip(run.wire_ids, run.results, strict=True))
+    counts = {k: run.stats[k] for k in ("duplicate_results", "delivered_twice",
+                                        "foreign_results", "send_failed", "missing")}
+    assert counts == dict.fromkeys(counts, 0), counts
     burst_p50 = _pct(latency[BURST], 50)
     for org in QUIET:
         assert len(latency[org]) == PER_QUIET

@@ -9,6 +9,7 @@ write them; results are read back from the shared results topic.
 from __future__ import annotations
 
 import os
+import time
 
 import msgspec
 import pytest
@@ -112,12 +113,16 @@ async def test_undecodable_batch_does_not_wedge_the_worker(kafka_settings, topic
             Reader(kafka_settings, topics.results, cfg.service.results_partitions) as results, \
             Reader(kafka_settings, topics.dead_letters, 1, DeadLetter) as dead:
         await produce(kafka_settings, lambda r: topics.tier(r.tier), reqs)
-        got = await results.until(lambda items: len(items) >= len(reqs), "the four results")
-        assert {r.status for r in got} == {"ok"}
+        await results.until(lambda items: {r.id for r in items} >= {r.id for r in reqs},
+                            "the four results")
         letters = await dead.until(lambda items: len(items) >= 2, "the two dead letters")
         assert {(d.source_topic, d.reason) for d in letters} == {
             (topics.batches("embed"), "malformed")}
         assert worker.stats.dead_letters == 2
+        got = await results.settle(quiet_s=0.5)  # a late second copy shows up here
+    # One result per request, by id: none missing, none twice.
+    assert sorted(r.id for r in got) == sorted(r.id for r in reqs)
+    assert {r.status for r in got} == {"ok"}
 
 
 async def test_deadlines_expire_on_the_schedulers_own_timer(kafka_settings, topic_prefix,
@@ -202,10 +207,15 @@ async def test_intake_pauses_at_max_held_and_state_is_published(kafka_settings, 
         await produce(kafka_settings, lambda r: topics.tier(r.tier), reqs)
         await until(lambda: sample(sched.registry, "sf_scheduler_intake_paused") == 1,
                     "the intake to pause")
-        paused_at = len(await states.until(lambda items: True, "a snapshot"))
-        # Ten snapshots (one per 100 ms) after the pause: none may show more held.
-        got = await states.until(lambda items: len(items) >= paused_at + 10,
+        paused_ms = time.time() * 1000
+
+        def after_pause(items: list) -> list:
+            return [s for s in items if s.sent_ms >= paused_ms]
+        # Ten snapshots (one per 100 ms) published after the pause, by their own
+        # time: none may show more held.
+        got = await states.until(lambda items: len(after_pause(items)) >= 10,
                                  "ten snapshots after the pause")
+        assert len(after_pause(got)) >= 10
         assert max(s.held_requests for s in got) <= 6 + 2, "the intake kept reading"
         assert sched.core.held <= 6 + 2
         lane = next(s for s in got if s.held_requests >= 6).lanes["embed"]
@@ -219,8 +229,11 @@ async def test_intake_pauses_at_max_held_and_state_is_published(kafka_settings, 
                     "the lag gauge to count the records left unread")
         async with running(fake_worker(cfg, kafka_settings, "w-a")), \
                 Reader(kafka_settings, topics.results, cfg.service.results_partitions) as results:
-            got = await results.until(lambda items: len(items) >= len(reqs),
-                                      "a result for every request")
+            await results.until(lambda items: {r.id for r in items} >= {r.id for r in reqs},
+                                "a result for every request")
+            got = await results.settle(quiet_s=0.5)  # a late second copy shows up here
+        # One result per request, by id: none missing, none twice.
+        assert sorted(r.id for r in got) == sorted(r.id for r in reqs)
         assert {r.status for r in got} == {"ok"}
 
 

@@ -69,8 +69,12 @@ async def _holds(cond) -> bool:
 
 async def _committed_to_end(consumer) -> bool:
     """A service's group consumer committed every assigned partition up to its high watermark:
-    each record it read is decided and everything it wrote for it is acknowledged."""
-    for tp in consumer.assignment():
+    each record it read is decided and everything it wrote for it is acknowledged. Not
+    while it holds no partition (mid-rebalance): nothing would be checked."""
+    assigned = consumer.assignment()
+    if not assigned:
+        return False
+    for tp in assigned:
         high = consumer.highwater(tp)
         if high is None or (await consumer.committed(tp) or 0) < high:
             return False

@@ -1,9 +1,9 @@
 """A real Prometheus scrapes two live stacks under a burst: one ``fifo``, one ``drr``.
 
 Debian's ``prometheus`` binary (``.ci/run`` installs the package; without it
-the test skips and says so) scrapes two in-process stacks on the embedded
-broker, each with its own topic prefix and a ``stack`` label on its
-targets, through the configuration :mod:`plumbing.scrape` writes from the
+the test skips and says so, or fails under ``CI=true``) scrapes two
+in-process stacks on the embedded broker, each with its own topic prefix and
+a ``stack`` label on its targets, through the configuration :mod:`plumbing.scrape` writes from the
 same job list as ``docker/prometheus/prometheus.yml``, and evaluates the
 shipped alert rules (their ``for:`` shortened to one evaluation). The same
 traffic goes to both: ``bulk`` bursts, and so does ``bulk2`` (weight 2, a
@@ -48,6 +48,7 @@ from schemas.config import Config
 from schemas.messages import AdmittedRequest
 from schemas.topics import Topics
 from tests.integration.pipeline_setup import request
+from tests.tools import require_tool
 
 pytestmark = pytest.mark.integration
 
@@ -228,8 +229,14 @@ def _finite(result: list[dict]) -> bool:
     return any(math.isfinite(float(r["value"][1])) for r in result)
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not found: install Debian's "
-                    "`prometheus` package (.ci/run does) to run the live-Prometheus test")
+@pytest.fixture
+def _prometheus() -> str:
+    """Skips where missing, fails under CI=true (:func:`tests.tools.require_tool`)."""
+    return require_tool("prometheus", "install Debian's `prometheus` package (.ci/run does) "
+                        "to run the live-Prometheus test")
+
+
+@pytest.mark.usefixtures("_prometheus")
 @pytest.mark.timeout(240)
 async def test_a_real_prometheus_sees_every_panel_and_the_fairness_alert_only_for_fifo(
         broker, tmp_path: Path):

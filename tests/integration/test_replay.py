@@ -208,6 +208,15 @@ async def test_trace_replay_through_the_live_pipeline_reports_every_request(
     assert (report / "simulate" / "report.json").exists()
     assert sum(1 for _ in (report / "trace.jsonl").open()) == len(records)
     assert sum(1 for _ in (report / "id_map.jsonl").open()) == len(records)
+    assert_each_id_once(report)
+
+
+def assert_each_id_once(report) -> None:
+    """What came back, counted by id: no copy written, none handed over twice, none foreign."""
+    st = json.loads((report / "replay.json").read_text())
+    counts = {k: st[k] for k in ("duplicate_results", "delivered_twice", "foreign_results",
+                                 "send_failed", "missing")}
+    assert counts == dict.fromkeys(counts, 0), (counts, st["by_id_examples"])
 
 
 @pytest.mark.slow
@@ -228,6 +237,9 @@ async def test_ten_thousand_request_noisy_neighbour_replay(
     summary = json.loads((report / "report.json").read_text())
     assert summary["totals"]["requests"] == 10_015
     assert summary["totals"]["missing"] == 0
+    assert_each_id_once(report)
+    outcomes = [json.loads(line) for line in (report / "outcomes.jsonl").open()]
+    assert len(outcomes) == 10_015 and len({o["id"] for o in outcomes}) == 10_015
     orgs = summary["orgs"]
     for quiet in ("quiet-1", "quiet-2", "searchco"):
         assert orgs[quiet]["completed"] == 5

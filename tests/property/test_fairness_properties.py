@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from hypothesis import given, note, target
+from hypothesis import event, given, note, target
 from hypothesis import strategies as st
 
 from scheduler.fairness import FairnessWatch, drr_bound, jain
@@ -171,23 +171,42 @@ class Oracle:
         return jain(served[o] / self.weight(o) for o in key)
 
 
+#: How often each conditional check of a run below actually ran (it runs only
+#: where a generated case has what it checks): asserted nonzero, so a generator
+#: that stops producing such cases fails instead of checking nothing.
+RAN: dict[str, int] = defaultdict(int)
+
+
 @given(traces(n_tiers=(1, 2), n_orgs=(2, 5)))
-def test_under_drr_the_live_gap_stays_within_the_bound_it_reports(world):
-    """DRR: every tier's gap stays <= its bound, and a min_share tier's share >= its floor, always."""
+def _live_gap_within_bound(world):
     setup, ops = world
     worst = [0.0]
+    floors = [0]
 
     class Check(Feed):
         def check(self, now):
+            RAN["batches checked"] += 1
             for tf in self.watch.figures(now)[ENDPOINT].tiers.values():
                 assert tf.bound == drr_bound(setup.cfg, ENDPOINT, tf.tier)
                 assert tf.gap <= tf.bound + EPS, (tf, self.watch.config)
                 worst[0] = max(worst[0], tf.gap / tf.bound)
                 if tf.share_floor is not None:
+                    floors[0] += 1
                     assert tf.share >= tf.share_floor - EPS, tf
 
     Trace(setup, Check(setup)).play(ops)
+    RAN["share floors checked"] += floors[0]
+    event(f"share floor checked: {'yes' if floors[0] else 'no'}")
     target(worst[0], label="live gap / bound")
+
+
+def test_under_drr_the_live_gap_stays_within_the_bound_it_reports():
+    """DRR: every tier's gap stays <= its bound, and a min_share tier's share >= its floor, always;
+    and across the generated cases both checks ran (the floor's in some of them)."""
+    RAN.clear()
+    _live_gap_within_bound()
+    assert RAN["batches checked"] > 0, dict(RAN)
+    assert RAN["share floors checked"] > 0, dict(RAN)
 
 
 @given(traces(n_tiers=(1, 2), n_orgs=(2, 5), policies=("drr", "fifo")))
@@ -220,12 +239,18 @@ def test_a_backlogged_min_share_tier_stays_above_its_floor(world, window_s):
     clock = [0.0]
     watch.held(0.0, ENDPOINT, held)
 
+    floors = [0]
+
     def on_select(e, cost):
         # Each selection as a batch of its own: the min_share guarantee holds per selection.
         clock[0] += 0.25
         watch.served(clock[0], ENDPOINT, [(e.tier, e.org, cost)], held)
         for tf in watch.figures(clock[0])[ENDPOINT].tiers.values():
             if tf.share_floor is not None:
+                floors[0] += 1
                 assert tf.share >= tf.share_floor - EPS, tf
 
     play_backlog(setup, rng, n_batches, on_select)
+    # Every case has a min_share tier, backlogged, and at least one batch: the floor
+    # check must have run, or this test checked nothing.
+    assert floors[0] > 0, (n_batches, setup.cfg.tiers)

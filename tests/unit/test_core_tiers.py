@@ -67,7 +67,8 @@ def test_min_share_gives_a_backlogged_lower_tier_its_share():
         for e in s.next_batch(ENDPOINT, float(i)).batch:
             served[e.tier] += e.tokens
             total = served["gold"] + served["free"]
-            assert served["free"] >= 0.2 * total - (1 + 0.2) * 100
+            # Behind its share by at most one of its requests (30 tokens), at every entry.
+            assert served["free"] >= 0.2 * total - 30 - 1e-9, (served, total)
     total = served["gold"] + served["free"]
     assert abs(served["free"] / total - 0.2) < 0.02
 

@@ -188,3 +188,34 @@ def test_no_late_line_while_every_phase_is_within_the_bound():
     code, text = _run(_phases())
     assert code == 0
     assert "quiet over the bound" not in text
+
+
+def test_the_http_hop_is_a_stage_of_its_own_when_the_quiet_orgs_took_it():
+    """Sent over HTTP 5 ms before the gateway stamped created_ms: the stage table's first
+    row is that hop (5 ms at p99), and the JSON figures carry it; without a send stamp, no row."""
+    phases = _phases()
+    for p in phases:
+        for s in p.sent.values():
+            if s.result is not None:
+                s.sent_ms = s.result.created_ms - 5.0
+    code, text = _run(phases)
+    assert code == 0, text
+    table = text.split("per stage ==\n", 1)[1].splitlines()
+    assert table[1].split()[:4] == ["HTTP", "to", "the", "gateway"]
+    assert table[1].split()[4:] == ["5"] * 4
+    assert table[2].startswith("to admission")
+    code, text = _run(_phases())
+    assert "HTTP to the gateway" not in text
+
+
+def test_the_late_line_says_what_the_http_hop_added():
+    """Late requests 25 ms on their way to the gateway, 5 ms unloaded: 20 ms a request beyond."""
+    phases = _phases(x5={"latency_ms": 700.0})
+    for p in phases:
+        for s in p.sent.values():
+            if s.result is not None:
+                s.sent_ms = s.result.created_ms - (25.0 if p is phases[2] else 5.0)
+    code, text = _run(phases)
+    assert code == 1
+    late = [line for line in text.splitlines() if "quiet over the bound" in line]
+    assert late[0].endswith("; HTTP to the gateway beyond its unloaded p50: 20 ms a request")

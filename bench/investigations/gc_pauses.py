@@ -1,10 +1,10 @@
-"""Collector pauses per process, from the files ``bench/gcwatch`` left.
+"""Collector pauses per process, from the files ``bench/investigations/gcwatch`` left.
 
 Run a command with the watch on, then print what each process paused for:
 
-    mkdir -p out/gc && SF_GCWATCH_DIR=out/gc PYTHONPATH=bench/gcwatch \\
+    mkdir -p out/gc && SF_GCWATCH_DIR=out/gc PYTHONPATH=bench/investigations/gcwatch \\
         serving-fairness demo --skip-x5
-    python bench/gc_pauses.py out/gc
+    python bench/investigations/gc_pauses.py out/gc
 
 One row per process: its command, then per generation the collections, their
 total and their longest, split into those before the process froze its

@@ -2,7 +2,7 @@
 
 Why: a ``FairnessClient`` with no request in flight polls its reply topic at
 ``idle_fetch_max_wait_ms`` instead of ``fetch_max_wait_ms`` (10 ms); a longer
-idle wait saves CPU in the client and the broker (``bench/idle_cost.py``).
+idle wait saves CPU in the client and the broker (``bench/investigations/idle_cost.py``).
 The default is the busy wait (the embedded broker holds an empty fetch for
 its whole wait, ``docs/benchmarks.md``, "An idle client"). The fetch in
 progress when a request is sent keeps its wait; this measures what that
@@ -12,7 +12,7 @@ model, embedded broker), one with the idle wait at 10 ms and one at
 little jitter) with nothing in flight, then sends one request and waits for
 its result. Side by side: p50 / p90 / max of those round trips.
 
-Run: ``python bench/client_idle.py`` (150 requests each) or ``--quick``
+Run: ``python bench/investigations/client_idle.py`` (150 requests each) or ``--quick``
 (40); ``--json OUT`` writes per side ``p50_ms``, ``p90_ms``, ``max_ms`` and
 ``p50_ratio`` (``--idle-ms``'s p50 over 10 ms's).
 """
@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import msgspec
 
@@ -43,7 +43,7 @@ from schemas.build import build_config
 
 __all__ = ["main"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def amain(n: int, idle_s: float, idle_ms: int) -> dict:

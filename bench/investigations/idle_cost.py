@@ -31,7 +31,7 @@ open; ``client`` is this process. The broker's figure is its whole
 process: it serves the other stacks' leftovers too, so read it within a
 round. Linux only.
 
-Run: ``python bench/idle_cost.py`` (2 rounds of 10 s) or ``--quick``
+Run: ``python bench/investigations/idle_cost.py`` (2 rounds of 10 s) or ``--quick``
 (1 round of 5 s); ``--json OUT`` writes ``idle_cpu`` (the third side),
 ``idle_cpu_client_10ms``, ``idle_cpu_all_10ms``, ``ratio`` (the third
 side's total over all at 10 ms) and ``client_ratio`` (client + broker,
@@ -50,7 +50,7 @@ import uuid
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.processes import ProcessStack
 from bench.figures import run_quietly
@@ -61,7 +61,7 @@ from schemas.build import build_config
 
 __all__ = ["main"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIDES = (
     ("all at 10 ms", {"SF_KAFKA_FOLLOW_FETCH_MAX_WAIT_MS": "10",
                       "SF_KAFKA_IDLE_FETCH_MAX_WAIT_MS": "10"}),

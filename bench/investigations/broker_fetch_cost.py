@@ -8,8 +8,8 @@ long to fetch from"). This writes one-record batches to one partition and,
 at each size, times fetches at the end with our ``fetch_max_wait_ms`` and
 with ten times it, side by side:
 
-    python bench/broker_fetch_cost.py                       # 1,000 / 10,000 / 30,000 batches
-    python bench/broker_fetch_cost.py --sizes 1000,5000 --json out/fetch_cost.json
+    python bench/investigations/broker_fetch_cost.py         # 1,000 / 10,000 / 30,000 batches
+    python bench/investigations/broker_fetch_cost.py --sizes 1000,5000 --json out/fetch_cost.json
 
 Each row: batches held, then per max wait the p50 of ``--fetches`` fetches
 of the last record (ms; ``none`` when no fetch returned it within
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
