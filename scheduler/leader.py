@@ -11,9 +11,12 @@ two sessions. Instead every scheduler reads the one-partition topic
   dispatches only while its **lease** holds: 0.7 ``leader_silence_ms``
   after sending a beat it has read back as valid (:class:`Lease`);
 * a **standby** that read nothing from the leader for ``leader_silence_ms``
-  (or read its ``resign``), and has read the partition to its end, writes a
-  ``claim`` after the leader's epoch and reads the log back to it: the
-  first claim for that succession wins, and only the winner goes on;
+  (or read its ``resign``) while it could read the partition (fetches
+  answered, the position not beyond the end: a broker that is down or lost
+  its topics is not a silent leader), and has read the partition to its
+  end, writes a ``claim`` after the leader's epoch and reads the log back
+  to it: the first claim for that succession wins, and only the winner goes
+  on;
 * the winner beats at once, runs the service's takeover
   (``on_elected``: the predecessor's tier positions, fences on the batch
   partitions, what the predecessor dispatched; :mod:`scheduler.takeover`)
@@ -110,6 +113,9 @@ class LeaderElection:
         self._next_beat_s = 0.0
         self._takeover: asyncio.Task | None = None
         self._lapsed = False
+        #: Since when (monotonic) this instance has been reading the partition without a
+        #: break (None: it is not): silence counts only while it can read.
+        self._reading_since: float | None = None
         r = registry if registry is not None else CollectorRegistry()
         self._leader_gauge = Gauge("sf_scheduler_leader",
                                    "1 while this instance is the active scheduler", registry=r)
@@ -255,8 +261,34 @@ class LeaderElection:
                 self._claim = self._claim_offset = None
                 self._set("standby", count=False)
             return
-        if self.log.silent(now) and await self._caught_up():
+        reading = self._reading(now)
+        if (reading and now - self._reading_since >= self.silence_s and self.log.silent(now)
+                and await self._caught_up()):
             await self._send_claim()
+
+    def _reading(self, now: float) -> bool:
+        """True while the partition answers: a fetch answered within half a silence, and
+        the position not beyond its end (a broker that lost the partition answers a read
+        there with nothing, and a standby would take the leader's beats for silence)."""
+        consumer = self._consumer
+        try:
+            polled_ms = consumer.last_poll_timestamp(self._tp)
+        except AssertionError:  # not assigned (yet)
+            polled_ms = None
+        high = consumer.highwater(self._tp)
+        pos = consumer.positions_now().get(self._tp)
+        ok = (polled_ms is not None and time.time() * 1000 - polled_ms < self.silence_s * 500
+              and high is not None and pos is not None and pos <= high)
+        if not ok:
+            self._reading_since = None
+        elif self._reading_since is None:
+            self._reading_since = now
+        return ok
+
+    def broker_lost(self) -> None:
+        """The broker lost its topics: silence counts again from reading the new partition
+        (the leader's beats resume once the topic is back)."""
+        self._reading_since = None
 
     async def _caught_up(self) -> bool:
         high = self._consumer.highwater(self._tp)

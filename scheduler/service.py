@@ -432,6 +432,8 @@ class SchedulerService(Service):
         """
         await self._seek_recent_events()
         await self.intake.broker_lost()
+        if self.election is not None:
+            self.election.broker_lost()
         forgotten = self.flow.forget_unconfirmed()
         log.info("scheduler_resumed_after_broker_loss", forgotten_batches=len(forgotten),
                  held=self.core.held, leading=self.leading)
