@@ -214,11 +214,18 @@ class TierIntake:
         log.info("tier_partitions_added", partitions=len(new))
 
     async def broker_lost(self) -> None:
-        """The broker lost its topics: what is held stays held (and is served), but the
-        offsets tracked were the old partitions'; read the new ones from their start."""
+        """The broker lost its topics: what is held stays held (and is served); the new
+        partitions are read from their start.
+
+        Every held request's offset is held again in a fresh tracker: some
+        may be the new partitions' already (read between the broker's return
+        and this notice), and a commit must not pass them while they are
+        held. The old partitions' offsets make commits lag (a successor then
+        replays, and its workers skip what they answered), never run ahead.
+        """
         self.offsets = OffsetTracker()
-        self._floor_at.clear()
-        self.commit_floor_ms = int(time.time() * 1000)
+        for tp, offset in self._origin.values():
+            self.offsets.hold(tp, offset)
         consumer = self._consumer
         if consumer is not None and self.assigned:
             with contextlib.suppress(Exception):
