@@ -371,16 +371,20 @@ def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
     """
     if not points:
         return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
-    a = my - b * mx
-    if sxx <= 0 or a < 0 or b <= 0:
-        sx2 = sum(x * x for x, _ in points)
-        b, a = (sum(x * y for x, y in points) / sx2 if sx2 else 0.0), 0.0
-    return a, b
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    try:
+        fit = statistics.linear_regression(xs, ys)
+    except statistics.StatisticsError:  # one point, or every x the same
+        pass
+    else:
+        if fit.intercept >= 0 and fit.slope > 0:
+            return fit.intercept, fit.slope
+    try:
+        slope = statistics.linear_regression(xs, ys, proportional=True).slope
+    except statistics.StatisticsError:  # one point, or every x 0
+        slope = ys[0] / xs[0] if len(xs) == 1 and xs[0] else 0.0
+    return 0.0, slope
 
 
 @dataclass
