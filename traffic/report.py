@@ -189,7 +189,7 @@ def summarize(outcomes: Sequence[Outcome], **extra: Any) -> dict[str, Any]:
             "count": len(batches),
             "express": len(express),
             "mean_fill": round(sum(fills) / len(fills), 4) if fills else None,
-            "p50_fill": round(percentile(fills, 50), 4) if fills else None,
+            "p50_fill": None if (p50 := percentile(fills, 50)) is None else round(p50, 4),
             "mean_requests": round(sum(n for n, _, _ in batches.values()) / len(batches), 2)
             if batches else None,
         },
