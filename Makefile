@@ -61,9 +61,11 @@ test: install
 test-all: install
 	$(BIN)/python -m pytest -q -m "" 
 
+# mypy's files and levels: [tool.mypy] in pyproject.toml.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/python bench/core.py --quick

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import aiohttp
 import msgspec
@@ -34,8 +34,11 @@ import msgspec
 from gateway.keys import hash_key, new_key
 from schemas.build import build_config
 from schemas.config import Config
-from schemas.messages import Result
+from schemas.messages import Result, Status
 from schemas.topics import Topics
+
+if TYPE_CHECKING:
+    from producer.client import FairnessClient
 
 __all__ = ["GATEWAY_ID", "Answer", "GatewayTraffic", "config_with_keys", "demo_keys",
            "gateway_args", "reply_topic"]
@@ -92,8 +95,8 @@ class GatewayTraffic:
 
     url: str
     keys: Mapping[str, str]
-    #: Reads the gateway's reply topic (a :class:`producer.client.FairnessClient`).
-    observer: object
+    #: Reads the gateway's reply topic.
+    observer: FairnessClient
     timeout_s: float
     session: aiohttp.ClientSession | None = None
     #: HTTP statuses of the answers, and calls that got none (``"none"``).
@@ -160,7 +163,7 @@ class GatewayTraffic:
         return Answer(status, rid, result, done_s, done_ms)
 
 
-def _status(http: int) -> str:
+def _status(http: int) -> Status:
     """The pipeline status an HTTP answer stands for (the gateway's mapping, reversed)."""
     if http == 200:
         return "ok"

@@ -174,6 +174,7 @@ async def _load_items(args: argparse.Namespace, config: Config, kafka: KafkaSett
 
     t0 = time.perf_counter()
     if args.from_topic:
+        assert since is not None, "main refuses --from-topic without --since"
         window = await read_window(kafka, args.from_topic, since, until,
                                    count=lambda r: synth_for(r.endpoint).count(r.input))
         source = f"{args.from_topic} [{args.since}, {args.until or 'now'}]"
@@ -225,6 +226,7 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
                              token_counter=args.token_counter) as stack:
                 from prometheus_client import generate_latest
 
+                assert stack.scheduler is not None, "the stack is started"
                 registry = stack.scheduler.registry
 
                 async def fetch() -> str:
@@ -252,6 +254,7 @@ async def _replay_in_processes(args: argparse.Namespace, config: Config, kafka: 
     print(f"starting the pipeline as processes ({args.workers} worker(s) per endpoint, model "
           f"{args.model or 'of each endpoint'}, policy {args.policy}; pinned: {pinned})...",
           file=sys.stderr)
+    assert kafka.bootstrap is not None, "kafka_connected gives an address, embedded or not"
     with contextlib.ExitStack() as files:
         log = files.enter_context(log_path.open("w")) if log_path is not None else None
         async with ProcessStack(args.config, kafka.bootstrap, policy=args.policy,

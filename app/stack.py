@@ -34,7 +34,7 @@ from plumbing.settings import SettingsError
 from plumbing.settings import from_args as settings_from_env_args
 from producer.service import AdmissionService, AdmissionSettings
 from scheduler.service import SchedulerService, SchedulerSettings
-from schemas.config import Config, ConfigError, load_config
+from schemas.config import Config, ConfigError, Policy, load_config
 from schemas.topics import Topics
 from worker.service import WorkerService, WorkerSettings, load_model
 
@@ -49,7 +49,7 @@ class Stack:
     N gives admission N, the scheduler N+1, workers N+2, N+3...
     """
 
-    def __init__(self, config: Config, kafka: KafkaSettings, *, policy: str = "drr",
+    def __init__(self, config: Config, kafka: KafkaSettings, *, policy: Policy = "drr",
                  model: str | None = None, workers: int = 1, endpoints: list[str] | None = None,
                  metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                  token_counter: str | None = None, worker_slots: int | None = None,
@@ -87,7 +87,7 @@ class Stack:
             models[ep] = await asyncio.to_thread(load_model, self.config, ep, self.model)
         return models
 
-    async def start(self) -> Stack:
+    async def start(self) -> Self:
         models = await self._models()
         self.scheduler = SchedulerService(
             self.config, self.kafka,

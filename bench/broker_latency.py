@@ -39,14 +39,11 @@ from plumbing.kafka import (
     settings_from_args,
 )
 from plumbing.topics import delete_topics, ensure_topics
+from traffic.percentile import percentile
 
 __all__ = ["main"]
 
 _STAMP = struct.Struct(">q")
-
-
-def _percentile(sorted_ms: list[float], q: float) -> float:
-    return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
 def broker_start_times(runs: int) -> dict[str, float]:
@@ -104,9 +101,9 @@ async def latency(args: argparse.Namespace) -> dict[str, object]:
         "achieved_rate_msg_s": round(total / sent_s),
         "size_b": args.size,
         "messages": total,
-        "p50_ms": round(_percentile(latencies, 0.50), 1),
-        "p90_ms": round(_percentile(latencies, 0.90), 1),
-        "p99_ms": round(_percentile(latencies, 0.99), 1),
+        "p50_ms": round(percentile(latencies, 50), 1),
+        "p90_ms": round(percentile(latencies, 90), 1),
+        "p99_ms": round(percentile(latencies, 99), 1),
         "max_ms": round(latencies[-1], 1),
     }
 

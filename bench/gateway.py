@@ -17,24 +17,31 @@ model at 0 ms), the gateway (``serving-fairness gateway``), and the load:
 - ``gateway``: ``concurrency`` keep-alive HTTP connections, each posting
   the same request to ``/v1/embeddings`` (a Bearer key of one of five
   orgs, in turn) and awaiting its answer, for ``seconds``. The load
-  generator is ``wrk`` (``--loadgen wrk``, the default: C, a few percent of
-  a core, as a client on another machine costs this one nothing; Debian and
-  Ubuntu: ``apt-get install wrk``, macOS: ``brew install wrk``), or an
-  aiohttp client in a process of its own (``--loadgen python``: no
-  install, but its CPU is charged to the gateway's side on a small machine).
+  generator is ``wrk`` (``--loadgen wrk``, the default: written in C, it
+  costs the shared cores little, as a tenant's client on another machine
+  would cost them nothing; Debian and Ubuntu: ``apt-get install wrk``,
+  macOS: ``brew install wrk``), or an aiohttp client in a process of its
+  own (``--loadgen python``: nothing to install, but its CPU is charged to
+  the gateway's side on a small machine).
 
 The pipeline request is the same on both sides: one 16-word text, as
 OpenAI's route makes it (float32 vectors packed, base64 on the HTTP side),
 the org's tier gold, a deadline of 60 s.
 
-Three measurements, each side's rounds interleaved (direct, gateway,
-direct, gateway...), each side's best round counting:
+Three measurements:
 
-1. **Throughput** at ``concurrency`` (default 256) requests in flight:
-   ``gateway_ratio`` = gateway requests/s over direct requests/s.
-2. **Latency** at ``latency_concurrency`` (default 4) in flight, a light
-   load: p50 and p99 of each side; ``added_p50_ms`` and ``added_p99_ms``
-   are the gateway's minus the direct's.
+1. **Throughput** at ``concurrency`` (default 256) requests in flight,
+   rounds interleaved (direct, gateway, direct, gateway...), each side's
+   best round counting: ``gateway_ratio`` = gateway requests/s over direct
+   requests/s. Beside it, the CPU each side's processes used per request
+   (``/proc``): the direct client's, the gateway's, the load generator's.
+2. **Latency** at ``latency_concurrency`` (default 4) in flight per side, a
+   light load, both sides at once from one process (a FairnessClient and
+   an aiohttp client, requests of both in flight together), so that both
+   meet the same pipeline at the same moments: the pipeline's own latency
+   on a shared machine moves by tens of milliseconds from one round to the
+   next. ``added_p50_ms`` and ``added_p99_ms`` are the gateway's p50 and p99
+   minus the direct ones within a round, the median over the rounds.
 3. **Waiting requests.** The worker is paused (SIGSTOP), ``waiting`` + 10 %
    requests are posted at once on as many connections, and once the
    gateway reports ``waiting`` requests waiting (its
@@ -112,79 +119,93 @@ def _direct_request(i: int) -> Request:
 
 
 async def _drive(args: argparse.Namespace) -> dict:
-    """Closed loops (``concurrency`` of them, ``seconds`` long) or one burst (``--burst``)."""
-    latencies: list[float] = []
-    statuses: Counter = Counter()
-    keys = json.loads(Path(args.keys).read_text()) if args.keys else {}
-    auth = [f"Bearer {keys[org]}" for org in ORGS] if keys else []
-    if args.side == "direct":
+    """Closed loops (``concurrency`` per side, ``seconds`` long) or one burst (``--burst``).
+
+    ``--side paired``: both sides at once from this one process, ``concurrency``
+    loops each, so that both see the same pipeline at the same moments.
+    """
+    sides = ["direct", "http"] if args.side == "paired" else [args.side]
+    latencies: dict[str, list[float]] = {side: [] for side in sides}
+    statuses: dict[str, Counter] = {side: Counter() for side in sides}
+    calls = {}
+    closing = []
+    if "direct" in sides:
         from producer.client import FairnessClient
 
         kafka = KafkaSettings(bootstrap=args.bootstrap)
         client = FairnessClient(kafka, load_config(args.config), wire_format="msgpack")
         await client.start()
+        closing.append(client.stop)
 
-        async def one(i: int) -> str:
+        async def direct(i: int) -> str:
             rid = await client.submit(_direct_request(i))
             res = await client.result(rid, DEADLINE_MS / 1000 + 5)
             return res.status
 
-        async def close() -> None:
-            await client.stop()
-    else:
+        calls["direct"] = direct
+    if "http" in sides:
+        keys = json.loads(Path(args.keys).read_text())
+        auth = [f"Bearer {keys[org]}" for org in ORGS]
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                         timeout=aiohttp.ClientTimeout(total=DEADLINE_MS / 1000 + 10))
+        closing.append(session.close)
 
-        async def one(i: int) -> str:
+        async def http(i: int) -> str:
             async with session.post(args.url, data=BODY, headers={
                     "Authorization": auth[i % len(auth)],
                     "Content-Type": "application/json"}) as resp:
                 await resp.read()
                 return str(resp.status)
 
-        async def close() -> None:
-            await session.close()
+        calls["http"] = http
 
-    async def timed(i: int) -> None:
+    async def timed(side: str, i: int) -> None:
         t0 = time.perf_counter()
         try:
-            status = await one(i)
+            status = await calls[side](i)
         except Exception as e:  # noqa: BLE001 - counted, the run goes on
             status = type(e).__name__
-        latencies.append(time.perf_counter() - t0)
-        statuses[status] += 1
+        latencies[side].append(time.perf_counter() - t0)
+        statuses[side][status] += 1
 
     try:
         if args.burst:
-            print("READY", flush=True)
-            await asyncio.gather(*(timed(i) for i in range(args.burst)))
-            return {"statuses": dict(statuses)}
+            await asyncio.gather(*(timed(sides[0], i) for i in range(args.burst)))
+            return {"statuses": dict(statuses[sides[0]])}
         counter = iter(range(10**12))
 
-        async def loop(until: float) -> None:
+        async def loop(side: str, until: float) -> None:
             while time.monotonic() < until:
-                await timed(next(counter))
+                await timed(side, next(counter))
 
-        warm_until = time.monotonic() + args.warmup_s
-        await asyncio.gather(*(loop(warm_until) for _ in range(args.concurrency)))
-        warmed = len(latencies)
-        latencies.clear()
-        statuses.clear()
+        def all_loops(until: float) -> list:
+            return [loop(side, until) for side in sides for _ in range(args.concurrency)]
+
+        await asyncio.gather(*all_loops(time.monotonic() + args.warmup_s))
+        warmed = sum(len(xs) for xs in latencies.values())
+        for side in sides:
+            latencies[side].clear()
+            statuses[side].clear()
         start, cpu = time.monotonic(), time.process_time()
-        await asyncio.gather(*(loop(start + args.seconds) for _ in range(args.concurrency)))
+        await asyncio.gather(*all_loops(start + args.seconds))
         elapsed, cpu = time.monotonic() - start, time.process_time() - cpu
-        q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 \
-            else [latencies[0]] * 99
-        return {"requests": len(latencies), "seconds": elapsed, "rps": len(latencies) / elapsed,
-                "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "statuses": dict(statuses),
-                "cpu_s": cpu, "requests_warmup": warmed}
+        out = {}
+        for side in sides:
+            xs = latencies[side]
+            q = statistics.quantiles(xs, n=100, method="inclusive") if len(xs) > 1 else xs * 99
+            out[side] = {"requests": len(xs), "seconds": elapsed, "rps": len(xs) / elapsed,
+                         "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
+                         "statuses": dict(statuses[side]), "cpu_s": cpu,
+                         "requests_warmup": warmed}
+        return out if args.side == "paired" else out[args.side]
     finally:
-        await close()
+        for close in closing:
+            await close()
 
 
 def drive_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="bench/gateway.py drive")
-    parser.add_argument("--side", choices=["direct", "http"], required=True)
+    parser.add_argument("--side", choices=["direct", "http", "paired"], required=True)
     parser.add_argument("--config")
     parser.add_argument("--bootstrap")
     parser.add_argument("--url")
@@ -235,9 +256,11 @@ def _drive_cmd(side: str, run: dict, concurrency: int, seconds: float, warmup_s:
     cmd = [sys.executable, str(Path(__file__).resolve()), "drive", "--side", side,
            "--concurrency", str(concurrency), "--seconds", str(seconds),
            "--warmup-s", str(warmup_s)]
-    if side == "direct":
-        return [*cmd, "--config", run["config"], "--bootstrap", run["bootstrap"]]
-    return [*cmd, "--url", run["url"] + "/v1/embeddings", "--keys", run["keys"]]
+    if side in ("direct", "paired"):
+        cmd += ["--config", run["config"], "--bootstrap", run["bootstrap"]]
+    if side in ("http", "paired"):
+        cmd += ["--url", run["url"] + "/v1/embeddings", "--keys", run["keys"]]
+    return cmd
 
 
 _WRK_LUA = """
@@ -261,11 +284,15 @@ end
 
 async def _wrk(run: dict, concurrency: int, seconds: float) -> dict:
     threads = max(1, min(2, concurrency))
+    # wrk is the only child reaped during the round: its CPU is the children's growth.
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = await _run(["wrk", "-t", str(threads), "-c", str(concurrency),
                       "-d", f"{max(1, round(seconds))}s", "--timeout", "60s",
                       "-s", run["lua"], run["url"]], seconds + 60)
     got = _result_line(out, "WRK")
     bad = sum(got["errors"].values())
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    got["cpu_s"] = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
     got["rps"] = got["requests"] / got["seconds"]
     got["statuses"] = {"2xx": got["requests"] - got["errors"]["status"]} | (
         {"errors": got["errors"]} if bad else {})
@@ -274,7 +301,8 @@ async def _wrk(run: dict, concurrency: int, seconds: float) -> dict:
 
 async def one_round(side: str, run: dict, concurrency: int, seconds: float) -> dict:
     """One side for ``seconds`` at ``concurrency`` in flight: rps, p50_ms, p99_ms, and the CPU
-    microseconds per request of the process that talks to Kafka (the load's, or the gateway)."""
+    microseconds per request of the load's process (``load_cpu_us``: the direct client, or
+    the HTTP load generator) and of the gateway (``gateway_cpu_us``)."""
     gateway_cpu = cpu_s(run["gateway_pid"])
     if side == "gateway" and run["loadgen"] == "wrk":
         got = await _wrk(run, concurrency, seconds)
@@ -282,15 +310,28 @@ async def one_round(side: str, run: dict, concurrency: int, seconds: float) -> d
         cmd = _drive_cmd("direct" if side == "direct" else "http", run, concurrency, seconds,
                          run["warmup_s"])
         got = _result_line(await _run(cmd, seconds + 120), "RESULT")
-    ok = {"ok", "200", "2xx"}
-    bad = {k: v for k, v in got["statuses"].items() if k not in ok}
+    _check(side, got)
+    # The load's CPU is the timed window's; the gateway's the whole round's, a warm-up
+    # included where the load has one (its requests are counted with it).
+    got["load_cpu_us"] = got["cpu_s"] * 1e6 / got["requests"]
+    if side == "gateway":
+        got["gateway_cpu_us"] = (cpu_s(run["gateway_pid"]) - gateway_cpu) * 1e6 / (
+            got["requests"] + got.get("requests_warmup", 0))
+    return got
+
+
+def _check(side: str, got: dict) -> None:
+    bad = {k: v for k, v in got["statuses"].items() if k not in ("ok", "200", "2xx")}
     if bad:
         raise RuntimeError(f"{side}: answers not ok: {bad}")
-    if side == "gateway":
-        # The whole round, warm-up included where the load has one: an upper bound.
-        got["cpu_s"] = cpu_s(run["gateway_pid"]) - gateway_cpu
-        got["requests_all"] = got["requests"] + got.get("requests_warmup", 0)
-    got["cpu_us"] = got["cpu_s"] * 1e6 / got.get("requests_all", got["requests"])
+
+
+async def paired_round(run: dict, concurrency: int, seconds: float) -> dict:
+    """Both sides at once from one process (``concurrency`` each): their p50 and p99."""
+    cmd = _drive_cmd("paired", run, concurrency, seconds, run["warmup_s"])
+    got = _result_line(await _run(cmd, seconds + 120), "RESULT")
+    for side in got:
+        _check(side, got[side])
     return got
 
 
@@ -452,35 +493,41 @@ async def amain(args: argparse.Namespace) -> dict:
 
 
 async def measure(args: argparse.Namespace, run: dict, seconds: float, repeat: int) -> dict:
-    """Throughput rounds, then latency rounds, each interleaved direct, gateway."""
+    """Throughput rounds interleaved direct, gateway; then the paired latency rounds."""
     # A warm-up of each side: connections, the gateway's first requests.
     for side in ("direct", "gateway"):
         await one_round(side, run, args.concurrency, 1.0)
-    rounds: dict[str, list[dict]] = {"direct": [], "gateway": [], "direct_light": [],
-                                     "gateway_light": []}
+    rounds: dict[str, list[dict]] = {"direct": [], "gateway": []}
     for _ in range(repeat):
         for side in ("direct", "gateway"):
             rounds[side].append(await one_round(side, run, args.concurrency, seconds))
-    for _ in range(repeat):
-        for side in ("direct", "gateway"):
-            rounds[f"{side}_light"].append(
-                await one_round(side, run, args.latency_concurrency, seconds))
+    light = [await paired_round(run, args.latency_concurrency, seconds) for _ in range(repeat)]
     best = {side: max(r["rps"] for r in rs) for side, rs in rounds.items()}
-    low = {side: (min(r["p50_ms"] for r in rs), min(r["p99_ms"] for r in rs))
-           for side, rs in rounds.items()}
+
+    def median(side: str, key: str) -> float:
+        return statistics.median(r[side][key] for r in light)
+
+    added = {q: [r["http"][f"{q}_ms"] - r["direct"][f"{q}_ms"] for r in light]
+             for q in ("p50", "p99")}
     return {
         "direct_rps": best["direct"], "gateway_rps": best["gateway"],
         "gateway_ratio": best["gateway"] / best["direct"],
-        "direct_p50_ms": low["direct_light"][0], "direct_p99_ms": low["direct_light"][1],
-        "gateway_p50_ms": low["gateway_light"][0], "gateway_p99_ms": low["gateway_light"][1],
-        "added_p50_ms": low["gateway_light"][0] - low["direct_light"][0],
-        "added_p99_ms": low["gateway_light"][1] - low["direct_light"][1],
-        "loaded": {side: {"p50_ms": low[side][0], "p99_ms": low[side][1]}
-                   for side in ("direct", "gateway")},
-        "direct_cpu_us": min(r["cpu_us"] for r in rounds["direct"]),
-        "gateway_cpu_us": min(r["cpu_us"] for r in rounds["gateway"]),
-        "rounds": {side: [{k: r[k] for k in ("rps", "p50_ms", "p99_ms", "cpu_us")} for r in rs]
+        "direct_p50_ms": median("direct", "p50_ms"), "direct_p99_ms": median("direct", "p99_ms"),
+        "gateway_p50_ms": median("http", "p50_ms"), "gateway_p99_ms": median("http", "p99_ms"),
+        "added_p50_ms": statistics.median(added["p50"]),
+        "added_p99_ms": statistics.median(added["p99"]),
+        "added_per_round_ms": added,
+        "loaded": {side: {"p50_ms": min(r["p50_ms"] for r in rs),
+                          "p99_ms": min(r["p99_ms"] for r in rs)}
                    for side, rs in rounds.items()},
+        "direct_cpu_us": min(r["load_cpu_us"] for r in rounds["direct"]),
+        "gateway_cpu_us": min(r["gateway_cpu_us"] for r in rounds["gateway"]),
+        "loadgen_cpu_us": min(r["load_cpu_us"] for r in rounds["gateway"]),
+        "rounds": {side: [{k: r[k] for k in ("rps", "p50_ms", "p99_ms", "load_cpu_us",
+                                             "gateway_cpu_us") if k in r} for r in rs]
+                   for side, rs in rounds.items()},
+        "latency_rounds": [{side: {k: r[side][k] for k in ("rps", "p50_ms", "p99_ms")}
+                            for side in r} for r in light],
     }
 
 
@@ -502,15 +549,18 @@ def report(f: dict, embedded: bool, kafka: KafkaSettings) -> None:
         print(f"{label:<44}{f[side + '_rps']:>10,.0f}"
               f"{load['p50_ms']:>9.1f}{load['p99_ms']:>9.1f}   {rates(side)}")
     print(f"  gateway_ratio: {f['gateway_ratio']:.3f}")
-    print(f"  CPU per request: the direct client's process {f['direct_cpu_us']:.0f} us, the "
-          f"gateway's {f['gateway_cpu_us']:.0f} us (its own client included)")
+    print(f"  CPU per request: the direct client's process {f['direct_cpu_us']:.0f} us; the "
+          f"gateway's {f['gateway_cpu_us']:.0f} us (its own client included), its load "
+          f"generator's {f['loadgen_cpu_us']:.0f} us")
+    print(f"both at once from one process, {f['latency_concurrency']} in flight each, "
+          f"{f['repeat']} rounds (medians)")
     for side, name in (("direct", "FairnessClient, direct"), ("gateway", "HTTP through the gateway")):
-        light = f"{side}_light"
-        best = max(r["rps"] for r in rounds[light])
-        label = f"{name}, {f['latency_concurrency']} in flight"
-        print(f"{label:<44}{best:>10,.0f}"
-              f"{f[side + '_p50_ms']:>9.2f}{f[side + '_p99_ms']:>9.2f}   {rates(light)}")
-    print(f"  added_p50_ms: {f['added_p50_ms']:.2f}   added_p99_ms: {f['added_p99_ms']:.2f}")
+        per = "direct" if side == "direct" else "http"
+        print(f"{name:<44}{'':>10}{f[side + '_p50_ms']:>9.2f}{f[side + '_p99_ms']:>9.2f}   "
+              + ", ".join(f"{r[per]['rps']:,.0f}" for r in f["latency_rounds"]))
+    print(f"  added_p50_ms: {f['added_p50_ms']:.2f}   added_p99_ms: {f['added_p99_ms']:.2f}   "
+          "per round: " + ", ".join(f"{a:+.1f} / {b:+.1f}" for a, b in
+                                    zip(*f["added_per_round_ms"].values(), strict=True)))
     print(f"{f['waiting_requests']:,} requests waiting at the gateway (worker paused), "
           f"{f['sent']:,} sent: {f['statuses']}; RSS {f['rss_before_mib']:.1f} -> "
           f"{f['rss_waiting_mib']:.1f} MiB (after: {f['rss_after_mib']:.1f})")

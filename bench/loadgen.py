@@ -29,6 +29,7 @@ from aiokafka.structs import TopicPartition
 from plumbing.kafka import KafkaSettings, make_consumer
 from schemas.codec import codec_for, format_from_headers
 from schemas.messages import Result
+from traffic.percentile import percentile  # re-exported: overload and broker_stall use it
 
 __all__ = ["Load", "Outcome", "Tally", "percentile", "reply_copies", "rss_mib"]
 
@@ -98,15 +99,6 @@ class Tally:
                 "submit_failed": len(self.submit_failed),
                 "submit_failed_answered": self.submit_failed_answered,
                 "duplicated": len(self.duplicated), "foreign": sum(self.foreign.values())}
-
-
-def percentile(xs: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no data."""
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = max(0, min(len(xs) - 1, round(q / 100 * len(xs) + 0.5) - 1))
-    return xs[k]
 
 
 def rss_mib(pid: int) -> float | None:

@@ -98,6 +98,6 @@ class Contiguity:
                 skipped.append(Gap(want, offset, waited))
                 self._since.pop(tp, None)
             want = offset + 1
-        if tp in self._since and self._since[tp][0] < want:
+        if tp in self._since and want is not None and self._since[tp][0] < want:
             del self._since[tp]
         return Cut(records, skipped=tuple(skipped))

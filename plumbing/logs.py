@@ -12,8 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
+from structlog.types import Processor
 
 __all__ = ["LogSampler", "configure_logging", "debug_enabled", "get_logger"]
 
@@ -40,12 +43,13 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
     env_json = os.environ.get("SF_LOG_JSON")
     if json is None:
         json = env_json == "1" if env_json in ("0", "1") else not stream.isatty()
-    shared = [
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         _add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    renderer: list[Processor]
     if json:
         renderer = [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
     else:
@@ -63,7 +67,7 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
     for h in [h for h in root.handlers if getattr(h, "_sf_handler", False)]:
         root.removeHandler(h)
     handler = logging.StreamHandler(stream)
-    handler._sf_handler = True
+    setattr(handler, "_sf_handler", True)  # noqa: B010 - our mark, read back by getattr above
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer]))
@@ -75,7 +79,8 @@ def configure_logging(level: str | None = None, *, json: bool | None = None, str
         os.environ.get("SF_LOG_LEVEL_AIOKAFKA", "WARNING").upper())
 
 
-def _add_logger_name(logger, method_name: str, event_dict: dict) -> dict:
+def _add_logger_name(logger: Any, method_name: str,
+                     event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     record = event_dict.get("_record")  # a standard library record (aiokafka)
     name = record.name if record is not None else getattr(logger, "name", None)
     if name:
@@ -93,10 +98,16 @@ class _NamedLoggerFactory:
     def __init__(self, stream):
         self._stream = stream
 
-    def __call__(self, *args) -> structlog.WriteLogger:
-        logger = structlog.WriteLogger(self._stream)
+    def __call__(self, *args) -> _NamedWriteLogger:
+        logger = _NamedWriteLogger(self._stream)
         logger.name = args[0] if args and isinstance(args[0], str) else None
         return logger
+
+
+class _NamedWriteLogger(structlog.WriteLogger):
+    """A ``WriteLogger`` with the name it was asked for (``_add_logger_name`` reads it)."""
+
+    name: str | None = None
 
 
 def debug_enabled() -> bool:

@@ -50,6 +50,12 @@ __all__ = ["Service", "StartStop", "serve"]
 class StartStop:
     """``async with x:`` for anything with ``start()`` and ``stop()`` (services, the client)."""
 
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
@@ -190,15 +196,17 @@ class Service(StartStop):
         if self.config_path is not None and self.config_poll_ms > 0:
             loops.append(self._watch_config())
         self._run_over.clear()
-        self._tasks = [asyncio.create_task(c, name=f"{self.name}-{c.__name__}") for c in loops]
+        # A coroutine object has a __name__; typing's Coroutine does not say so.
+        self._tasks = [asyncio.create_task(c, name=f"{self.name}-{c.__name__}")  # type: ignore[attr-defined]
+                       for c in loops]
         main = asyncio.create_task(self.main(), name=f"{self.name}-main")
         try:
             while True:
                 done, _ = await asyncio.wait([main, *self._tasks],
                                              return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
-                    if not t.cancelled() and t.exception() is not None:
-                        raise t.exception()
+                    if not t.cancelled() and (error := t.exception()) is not None:
+                        raise error
                 if main in done:
                     return
                 self._tasks = [t for t in self._tasks if not t.done()]

@@ -38,7 +38,7 @@ class TelemetryServer:
         self.port = port
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self) -> TelemetryServer:
+    async def start(self) -> Self:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

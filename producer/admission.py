@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -70,6 +70,7 @@ from schemas.messages import (
     RequestId,
     RerankInput,
     Result,
+    Status,
 )
 from schemas.topics import Topics
 from tokens.counting import TokenCounter
@@ -79,7 +80,7 @@ __all__ = ["Admission", "Admitted", "DeadLetterReason", "Outcome", "Refused", "d
 
 _request_codec = codec_for(Request)
 #: The largest epoch-ms value a message may carry (``schemas.messages.EpochMs``).
-_EPOCH_MS_MAX: int = EpochMs.__metadata__[0].le
+_EPOCH_MS_MAX: int = get_args(EpochMs)[1].le
 #: A legal Kafka topic name (``schemas.messages.TopicName``).
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._\-]{1,249}")
 
@@ -185,7 +186,7 @@ class Admission:
         topics = Topics.of(config)
         reply_to = reply_topic_for(req.reply_to, config)
 
-        def refuse(status: str, reason: str, message: str, retry_after_ms: int | None = None,
+        def refuse(status: Status, reason: str, message: str, retry_after_ms: int | None = None,
                    tokens: int | None = None) -> Refused:
             return Refused(
                 result=Result(
@@ -357,7 +358,7 @@ def _salvage(data: bytes | None, fmt: Format, reason: str, error: str,
     )
 
 
-def _lenient_fields(data: bytes | None, fmt: Format) -> dict:
+def _lenient_fields(data: bytes | None, fmt: Format) -> dict[str, Any]:
     """The top-level object of ``data`` with no schema, or {} when there is none."""
     if not data:
         return {}

@@ -64,7 +64,9 @@ from aiokafka.structs import TopicPartition
 
 from plumbing.bounded import cancel_within, stop_within, within
 from plumbing.kafka import (
+    Consumer,
     KafkaSettings,
+    Producer,
     add_kafka_arguments,
     make_consumer,
     make_producer,
@@ -161,8 +163,8 @@ class FairnessClient(StartStop):
         self.keep_unclaimed = keep_unclaimed
         self.unclaimed = 0
         self.duplicates = 0
-        self._producer = None
-        self._consumer = None
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
         self._reader: asyncio.Task | None = None
         self._waiters: dict[str, asyncio.Future[Result]] = {}
         self._ready: OrderedDict[str, Result] = OrderedDict()
@@ -184,39 +186,43 @@ class FairnessClient(StartStop):
         """Create the reply topic if it is ours, connect, and start reading results."""
         self._started_ms = int(time.time() * 1000)
         counts = await ensure_topics(self.settings, {self.reply_topic: 1})
-        self._producer = make_producer(self.settings)
-        await self._producer.start()
-        self._consumer = make_consumer(self.settings, group_id=None)
-        await self._consumer.start()
+        producer = self._producer = make_producer(self.settings)
+        await producer.start()
+        consumer = self._consumer = make_consumer(self.settings, group_id=None)
+        await consumer.start()
         self._pace()
-        self._keeper = TopicKeeper(self.settings, self._producer.client,
-                                   lambda: {self.reply_topic: 1}, service="client",
-                                   on_lost=self._reply_topic_lost,
-                                   follow=lambda: [self._consumer])
-        self._keeper.known(counts)
+        keeper = self._keeper = TopicKeeper(self.settings, producer.client,
+                                            lambda: {self.reply_topic: 1}, service="client",
+                                            on_lost=self._reply_topic_lost,
+                                            follow=lambda: [self._consumer])
+        keeper.known(counts)
         await self._follow(counts[self.reply_topic], self._started_ms - self.clock_skew_ms)
         self._reader = asyncio.create_task(self._read(), name=f"client-{self.client_id}")
-        self._keeper.start()
+        keeper.start()
 
     async def _follow(self, partitions: int, since_ms: int) -> None:
         """Read every partition of the reply topic: ours from the start, a shared one by time."""
         tps = [TopicPartition(self.reply_topic, p) for p in range(partitions)]
-        self._consumer.assign(tps)
+        consumer = self._consumer
+        assert consumer is not None, "the client is started"
+        consumer.assign(tps)
         if self._owns_topic:
-            await self._consumer.seek_to_beginning(*tps)
+            await consumer.seek_to_beginning(*tps)
         else:
             # Tansu gets seek_to_end wrong: find the start by time instead.
-            found = await self._consumer.offsets_for_times({tp: since_ms for tp in tps})
+            found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
             missing = [tp for tp in tps if found.get(tp) is None]
-            ends = await self._consumer.end_offsets(missing) if missing else {}
+            ends = await consumer.end_offsets(missing) if missing else {}
             for tp in tps:
                 hit = found.get(tp)
-                self._consumer.seek(tp, hit.offset if hit is not None else ends[tp])
+                consumer.seek(tp, hit.offset if hit is not None else ends[tp])
 
     async def _reply_topic_lost(self) -> None:
         """The broker lost the reply topic (restart): follow the new one, fail what was in flight."""
         self.broker_losses += 1
-        counts = await self._keeper.metadata([self.reply_topic]) or {}
+        keeper = self._keeper
+        assert keeper is not None, "the keeper that calls this is running"
+        counts = await keeper.metadata([self.reply_topic]) or {}
         # The results written since the restart are in the new topic: read it all.
         await self._follow(counts.get(self.reply_topic, 1), int(time.time() * 1000) - 60_000)
         log.warning("reply_topic_lost", reply_topic=self.reply_topic,
@@ -226,7 +232,7 @@ class FairnessClient(StartStop):
         self._suspect_in_flight()
         # Requests sent until the services recreated the ingress topic (about
         # one check of their keepers) may have landed nowhere too.
-        asyncio.get_running_loop().call_later(2 * self._keeper.interval_s,
+        asyncio.get_running_loop().call_later(2 * keeper.interval_s,
                                               self._suspect_in_flight)
 
     def _suspect_in_flight(self) -> None:
@@ -396,9 +402,11 @@ class FairnessClient(StartStop):
 
     async def _read(self) -> None:
         oldest_ms = self._started_ms - self.clock_skew_ms
+        consumer = self._consumer
+        assert consumer is not None, "started before this reader, stopped after it"
         while True:
             try:
-                batches = await self._consumer.getmany(timeout_ms=200)
+                batches = await consumer.getmany(timeout_ms=200)
             except KafkaError as e:
                 log.warning("result_fetch_failed", topic=self.reply_topic, error=repr(e))
                 await asyncio.sleep(0.5)

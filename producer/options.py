@@ -132,7 +132,8 @@ def _rerank(inp: RerankInput, counter: TokenCounter, ep: Endpoint) -> Costed | O
         method = ep.rerank_method
         if method == "auto":
             kind = getattr(counter, "model_kind", None)
-            method = {"cross-encoder": "cross-encoder", "embedding": "cosine"}.get(kind, "auto")
+            method = ("cross-encoder" if kind == "cross-encoder"
+                      else "cosine" if kind == "embedding" else "auto")
         refusal = _rerank_too_long(inp, counter, method, pairs, cut, limit)
         if refusal is not None:
             return refusal

@@ -109,7 +109,8 @@ def _cells(windows: list[Window]) -> list[tuple[WindowKey, int, float]]:
     """
     cells: dict[WindowKey, int] = {}
     for w in windows:
-        for unit, limit in (("requests", w.requests), ("tokens", w.tokens)):
+        given: tuple[tuple[Unit, int | None], ...] = (("requests", w.requests), ("tokens", w.tokens))
+        for unit, limit in given:
             if limit is None:
                 continue
             key = (float(w.window_s), unit)

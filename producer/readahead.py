@@ -40,7 +40,7 @@ class ReadAhead:
     """
 
     def __init__(self) -> None:
-        self._groups: dict[tuple[Hashable, Any], deque] = {}
+        self._groups: dict[tuple[Hashable, Any], deque[tuple[Any, Any]]] = {}
         self._ring: deque[tuple[Hashable, Any]] = deque()
         self.held = 0
 

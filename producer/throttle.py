@@ -166,7 +166,8 @@ class ThrottleState:
         #: endpoint, tier, org, tokens, count), to take out those a snapshot
         #: shows the scheduler has read. As long as ``admitted_since``: the
         #: overload check stops admitting at ``max_held_requests``.
-        self._pending: collections.deque[tuple] = collections.deque()
+        self._pending: collections.deque[
+            tuple[int | None, str | None, str | None, str | None, int, int]] = collections.deque()
 
     def observe(self, state: SchedulerState, now_ms: float) -> bool:
         """Take ``state`` if it is newer than the one held; True when taken.
@@ -209,9 +210,9 @@ class ThrottleState:
         self.admitted_since += count
         if endpoint is not None and tokens:
             since = self.tokens_since.setdefault(endpoint, {})
-            for key in (("tier", tier), ("org", org)):
-                if key[1] is not None:
-                    since[key] = since.get(key, 0) + tokens
+            for kind, name in (("tier", tier), ("org", org)):
+                if name is not None:
+                    since[kind, name] = since.get((kind, name), 0) + tokens
         self._pending.append((at_ms, endpoint, tier, org, tokens, count))
 
     def _forget(self, endpoint: str | None, tier: str | None, org: str | None, tokens: int,
@@ -220,11 +221,11 @@ class ThrottleState:
         if endpoint is None or not tokens:
             return
         since = self.tokens_since.get(endpoint, {})
-        for key in (("tier", tier), ("org", org)):
-            if key[1] is not None and key in since:
-                since[key] -= tokens
-                if since[key] <= 0:
-                    del since[key]
+        for kind, name in (("tier", tier), ("org", org)):
+            if name is not None and (kind, name) in since:
+                since[kind, name] -= tokens
+                if since[kind, name] <= 0:
+                    del since[kind, name]
 
     def is_fresh(self, now_ms: float) -> bool:
         return self.state is not None and now_ms - self.state.sent_ms <= self.stale_after_ms

@@ -7,12 +7,12 @@ tests turn them into sends, commits, logs and metrics.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from scheduler.batch_order import run_order
 from scheduler.entry import Entry
 from scheduler.lane import Dispatch, FifoLane, Lane, LaneStats
-from schemas.config import Config, Policy
+from schemas.config import Config, Endpoint, Policy
 
 __all__ = ["Policy", "Scheduler"]
 
@@ -36,7 +36,7 @@ class Scheduler:
         o = self.config.orgs.get(org)
         return o.weight if o is not None else 1.0
 
-    def _make_lane(self, endpoint: str, ep=None) -> Lane | FifoLane:
+    def _make_lane(self, endpoint: str, ep: Endpoint | None = None) -> Lane | FifoLane:
         ep = ep or self.config.endpoints[endpoint]
         if self.policy == "fifo":
             return FifoLane(ep, self.config.tiers)
@@ -113,7 +113,7 @@ class Scheduler:
         lane = self.lanes.get(endpoint)
         return lane.cost.cost(e) if lane is not None else float(e.tokens)
 
-    def backlog_cost(self, endpoint: str):
+    def backlog_cost(self, endpoint: str) -> Callable[[str, int, int], float]:
         """``cost(org, requests, tokens)`` of held work on ``endpoint``, in its units.
 
         For the snapshot's held cost per tier: requests, tokens, or tokens x

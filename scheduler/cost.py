@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from scheduler.entry import Entry
 from schemas.config import ADAPTIVE_RATIO_BOUNDS, CostModel
@@ -74,7 +74,7 @@ class AdaptiveCost:
         Values that are not finite and positive are dropped, as a broken
         report would be: they must not poison the averages.
         """
-        def ok(x) -> bool:
+        def ok(x: object) -> TypeGuard[float]:
             return isinstance(x, (int, float)) and 0.0 < x < float("inf")
 
         self.lane_spt = float(lane_spt) if ok(lane_spt) else None

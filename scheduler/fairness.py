@@ -85,8 +85,9 @@ is quadratic in them), later ones count everywhere else and in ``unpaired``.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from schemas.config import Config
 
@@ -216,7 +217,7 @@ class _TierWatch:
         #: (time, set of backlogged orgs, served cost per org of the set) per batch
         self.jain_log: deque[tuple[float, frozenset[str], dict[str, float]]] = deque()
         #: set -> [batches, served cost per org]: the running sums of jain_log
-        self.groups: dict[frozenset[str], list] = {}
+        self.groups: dict[frozenset[str], list[Any]] = {}
         #: start times of this tier's backlog periods within the window (any org holding)
         self.periods: deque[float] = deque()
 
@@ -241,7 +242,8 @@ class _TierWatch:
                 if p.ref is not None:
                     p.ref.pop(org, None)
 
-    def sync(self, now: float, held: Mapping[str, int], weight_of) -> None:
+    def sync(self, now: float, held: Mapping[str, int],
+             weight_of: Callable[[str], float]) -> None:
         """Follow who holds work: leave, rejoin (serial changed) or join."""
         for org in [o for o, st in self.orgs.items() if held.get(o) != st.serial]:
             self.leave(now, org)
@@ -312,7 +314,7 @@ class _TierWatch:
         while periods and periods[0] < horizon:
             periods.popleft()
 
-    def jain(self, weight_of) -> tuple[float, int]:
+    def jain(self, weight_of: Callable[[str], float]) -> tuple[float, int]:
         if not self.groups:
             return 1.0, 0
         key, (_, served) = max(self.groups.items(),

@@ -229,7 +229,8 @@ class FlowControl:
     def _measure(self, ev: WorkerEvent, now_ms: float) -> bool:
         """Feed a ``batch_done`` to the reporting worker's credit (speed, round trip);
         whether the batch was an express one."""
-        owner = self.workers.get(self._batch_owner.get(ev.batch_id, ""))
+        owner_name = self._batch_owner.get(ev.batch_id, "") if ev.batch_id is not None else ""
+        owner = self.workers.get(owner_name)
         express = owner is not None and ev.batch_id in owner.express
         reporter = self.workers.get(ev.worker)
         if reporter is None:

@@ -116,7 +116,8 @@ class CostHandover:
         return TakeOver(from_epoch=snap.epoch, snapshot_ms=snap.sent_ms,
                         lanes=tuple(restored), replayed=replayed)
 
-    def _after(self, endpoint: str, marks: dict[str, FeedbackMark]):
+    def _after(self, endpoint: str,
+               marks: dict[str, FeedbackMark]) -> list[list[tuple[str, int, float]]]:
         """The reports of ``endpoint`` read after the snapshot's marks.
 
         The snapshot folded in a prefix of the topic: up to the latest of its

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from heapq import heappop, heappush
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from scheduler.cost import AdaptiveCost, Cost, make_cost
 from scheduler.drr import DrrTier
@@ -32,6 +32,10 @@ from scheduler.entry import DISPATCHED, EXPIRED, HELD, NO_DEADLINE, REMOVED, Ent
 from schemas.config import Endpoint, Tier
 
 __all__ = ["Dispatch", "FifoLane", "Lane", "LaneStats"]
+
+#: What a lane's ``_peek`` chose: the entry first, then what its ``_take``
+#: needs back (its shape is the lane's own, so the rest is untyped).
+Pick = tuple[Any, ...]
 
 
 class Dispatch(NamedTuple):
@@ -117,7 +121,7 @@ class _LaneBase:
             pick = peek()
             if pick is None:
                 break
-            e = pick[0]
+            e: Entry = pick[0]
             if batch and tokens + e.tokens > ep.max_batch_tokens:
                 break
             self._take(pick)
@@ -180,10 +184,10 @@ class _LaneBase:
     def _push(self, e: Entry) -> None:
         raise NotImplementedError
 
-    def _peek(self):
+    def _peek(self) -> Pick | None:
         raise NotImplementedError
 
-    def _take(self, pick) -> None:
+    def _take(self, pick: Pick) -> None:
         raise NotImplementedError
 
     def _discard(self, e: Entry) -> None:
@@ -202,7 +206,7 @@ class _LaneBase:
         """Does an org of the highest tier with work have a request and no service yet?"""
         return False
 
-    def _peek_fresh(self):
+    def _peek_fresh(self) -> Pick | None:
         return None
 
     def stats(self) -> LaneStats:
@@ -223,7 +227,7 @@ class Lane(_LaneBase):
     def _push(self, e: Entry) -> None:
         self.tiers[self.index.get(e.tier, len(self.tiers) - 1)].push(e)
 
-    def _peek(self):
+    def _peek(self) -> Pick | None:
         cost = self.cost.cost
         for i in self._shared:
             t = self.tiers[i]
@@ -238,7 +242,7 @@ class Lane(_LaneBase):
                     return pick[1], i, pick[0], pick[2]
         return None
 
-    def _take(self, pick) -> None:
+    def _take(self, pick: Pick) -> None:
         e, i, q, c = pick
         self.tiers[i].take(q, e, c)
         for j in self._shared:
@@ -264,7 +268,7 @@ class Lane(_LaneBase):
                 return bool(t.fresh)
         return False
 
-    def _peek_fresh(self):
+    def _peek_fresh(self) -> Pick | None:
         # Strict tiers: only the highest tier with work may go ahead.
         for i, t in enumerate(self.tiers):
             if t.live:
@@ -302,13 +306,13 @@ class FifoLane(_LaneBase):
     def _push(self, e: Entry) -> None:
         heappush(self._heap, (e.arrival, e.seq, e))
 
-    def _peek(self):
+    def _peek(self) -> Pick | None:
         h = self._heap
         while h and h[0][2].state != HELD:
             heappop(h)
         return (h[0][2],) if h else None
 
-    def _take(self, pick) -> None:
+    def _take(self, pick: Pick) -> None:
         heappop(self._heap)
 
     def _discard(self, e: Entry) -> None:

@@ -58,7 +58,7 @@ class Backlog:
     def remove(self, endpoint: str, tier: str, org: str, tokens: int) -> None:
         orgs = self._held.get(endpoint, {}).get(tier)
         c = orgs.get(org) if orgs else None
-        if c is None:
+        if orgs is None or c is None:
             return
         c[0] -= 1
         c[1] -= tokens
@@ -234,7 +234,7 @@ class ServiceRate:
             prev = self._last.get(worker)
             self._last[worker] = (done_ms, busy_after)
             busy_before = prev is not None and prev[1]
-            if busy_before and done_ms > prev[0]:
+            if prev is not None and busy_before and done_ms > prev[0]:
                 seconds = max(seconds, (done_ms - prev[0]) / 1000)
         if not (seconds > 0.0) or seconds == float("inf"):
             return

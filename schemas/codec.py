@@ -11,7 +11,8 @@ the field at fault (msgspec reports a path such as ``$.input.texts[3]``).
 
 from __future__ import annotations
 
-from typing import Generic, Literal, TypeVar
+from collections.abc import Sequence
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -70,13 +71,13 @@ def content_type(fmt: Format) -> str:
 
 
 #: The headers our own services write, answered without parsing (every record has one).
-_KNOWN_HEADERS: dict[tuple[str, bytes], Format] = {
+_KNOWN_HEADERS: dict[tuple[object, ...], Format] = {
     (CONTENT_TYPE_HEADER, JSON.encode()): "json",
     (CONTENT_TYPE_HEADER, MSGPACK.encode()): "msgpack",
 }
 
 
-def format_from_headers(headers: list[tuple[str, bytes]] | tuple | None) -> Format:
+def format_from_headers(headers: Sequence[tuple[str, bytes]] | None) -> Format:
     """The encoding a record's headers announce; JSON when none is given."""
     if headers and len(headers) == 1:
         known = _KNOWN_HEADERS.get(tuple(headers[0]))
@@ -128,12 +129,13 @@ class Codec(Generic[T]):
         except (RecursionError, MemoryError, UnicodeDecodeError, ValueError) as e:
             raise DecodeError("malformed", f"not valid {fmt}: {type(e).__name__}: {e}") from None
 
-    def decode_record(self, data: bytes | None, headers=None, *, max_bytes: int | None = None) -> T:
+    def decode_record(self, data: bytes | None, headers: Sequence[tuple[str, bytes]] | None = None,
+                      *, max_bytes: int | None = None) -> T:
         """Decode a Kafka record's value in the encoding its headers name."""
         return self.decode(data, format_from_headers(headers), max_bytes=max_bytes)
 
 
-_CODECS: dict[type, Codec] = {
+_CODECS: dict[type, Codec[Any]] = {
     t: Codec(t)
     for t in (Request, AdmittedRequest, Batch, Result, WorkerEvent, SchedulerState, DeadLetter,
               LeaderClaim)

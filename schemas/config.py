@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -253,11 +253,11 @@ def _check(cfg: Config) -> list[str]:
                 problems.append(f"{where}.priority_cap: unknown tier {tier!r}")
         max_cost = cfg.max_request_cost(ep_name)
         weights = [(o.weight, org) for org, o in cfg.orgs.items()] or [(1.0, "default")]
-        min_weight, org = min(weights)
+        min_weight, lightest = min(weights)
         min_weight = min(min_weight, 1.0)
         if ep.quantum * min_weight < max_cost:
             problems.append(
-                f"{where}.quantum ({ep.quantum:g}) x weight {min_weight:g} (org {org!r}) is "
+                f"{where}.quantum ({ep.quantum:g}) x weight {min_weight:g} (org {lightest!r}) is "
                 f"below the largest request cost ({max_cost:g} with cost_model "
                 f"{ep.cost_model!r}): one DRR turn must fit any request"
             )
@@ -282,7 +282,7 @@ def _check(cfg: Config) -> list[str]:
     return problems
 
 
-def parse_config(data: bytes | str | dict) -> Config:
+def parse_config(data: bytes | str | dict[str, Any]) -> Config:
     """Decode and check a configuration given as TOML text or a parsed dict."""
     if isinstance(data, bytes):
         data = data.decode()

@@ -57,7 +57,7 @@ for what the model reads of each (query, document).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -124,14 +124,14 @@ class RequestOptions(msgspec.Struct, kw_only=True, omit_defaults=True,
     max_tokens_per_doc: MaxTokensPerDoc | None = None
     return_documents: bool | None = None
 
-    def _given(self, names: tuple[str, ...]) -> dict:
+    def _given(self, names: tuple[str, ...]) -> dict[str, Any]:
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
-    def embed_fields(self) -> dict:
+    def embed_fields(self) -> dict[str, Any]:
         """The embed options given, as ``EmbedInput`` keyword arguments."""
         return self._given(_EMBED)
 
-    def rerank_fields(self) -> dict:
+    def rerank_fields(self) -> dict[str, Any]:
         """The rerank options given, as ``RerankInput`` keyword arguments."""
         return self._given(_RERANK)
 

@@ -156,15 +156,15 @@ def load_token_counter(spec: str) -> TokenCounter:
         )
     path = resolve_model_path(spec)
     folder = Path(path).is_dir()
-    about = {"dimension": model_dimension(path) if folder else None,
-             "model_kind": detect_model_kind(path) if folder else None}
+    dimension = model_dimension(path) if folder else None
+    model_kind = detect_model_kind(path) if folder else None
     tokenizer_file = Path(path) / "tokenizer.json"
     if tokenizer_file.is_file():
         import tokenizers
 
         tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
         return TokenizersCounter(tokenizer, name=spec, max_seq_length=model_max_seq_length(path),
-                                 **about)
+                                 dimension=dimension, model_kind=model_kind)
     from transformers import AutoTokenizer
 
     auto = AutoTokenizer.from_pretrained(path)
@@ -173,4 +173,5 @@ def load_token_counter(spec: str) -> TokenCounter:
         raise ValueError(f"{spec!r} has no fast (tokenizers) tokenizer to count with")
     limit = auto.model_max_length if auto.model_max_length < NO_LENGTH_LIMIT else None
     local_limit = model_max_seq_length(path) if Path(path).is_dir() else None
-    return TokenizersCounter(backend, name=spec, max_seq_length=local_limit or limit, **about)
+    return TokenizersCounter(backend, name=spec, max_seq_length=local_limit or limit,
+                             dimension=dimension, model_kind=model_kind)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "FAKE_DIM",
@@ -138,9 +138,10 @@ def resolve_model_path(spec: str) -> str:
     return spec
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
     except FileNotFoundError:
         return {}
 

@@ -371,16 +371,20 @@ def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
     """
     if not points:
         return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
-    a = my - b * mx
-    if sxx <= 0 or a < 0 or b <= 0:
-        sx2 = sum(x * x for x, _ in points)
-        b, a = (sum(x * y for x, y in points) / sx2 if sx2 else 0.0), 0.0
-    return a, b
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    try:
+        fit = statistics.linear_regression(xs, ys)
+    except statistics.StatisticsError:  # one point, or every x the same
+        pass
+    else:
+        if fit.intercept >= 0 and fit.slope > 0:
+            return fit.intercept, fit.slope
+    try:
+        slope = statistics.linear_regression(xs, ys, proportional=True).slope
+    except statistics.StatisticsError:  # one point, or every x 0
+        slope = ys[0] / xs[0] if len(xs) == 1 and xs[0] else 0.0
+    return 0.0, slope
 
 
 @dataclass
@@ -389,6 +393,12 @@ class _Micro:
     start: float | None
     end: float
     padded: int
+
+    @property
+    def stamped_start(self) -> float:
+        """``start``, where every micro-batch is stamped (the callers check it first)."""
+        assert self.start is not None, "a micro-batch without a start stamp"
+        return self.start
 
 
 @dataclass
@@ -434,7 +444,8 @@ def _batches(obs: Sequence[Observation], size: int, budget: int) -> list[_Batch]
             # Stamped: a micro-batch is the results that share its start.
             groups: dict[float, list[Observation]] = {}
             for o in members:
-                groups.setdefault(o.started_ms, []).append(o)
+                if o.started_ms is not None:  # every one, checked above
+                    groups.setdefault(o.started_ms, []).append(o)
             for start in sorted(groups):
                 g = groups[start]
                 b.micro.append(_Micro(start, max(o.completed_ms for o in g), _padded(g)))
@@ -522,7 +533,7 @@ def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
     credit = credit and stamped
 
     def released(b: _Batch) -> float:
-        return b.micro[-1].start if credit else b.end
+        return b.micro[-1].stamped_start if credit else b.end
 
     frees = {w: sorted(released(b) for b in chain) for w, chain in per_worker.items()}
     pending = sorted((_entered(o), o.dispatched_ms) for o in obs)
@@ -559,10 +570,10 @@ def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
 def _fit_stamped(batches: Sequence[_Batch], prev_end: dict[str, float | None]
                  ) -> dict[str, Figure]:
     """With the workers' start stamps every part is measured on its own."""
-    points = [(float(m.padded), m.end - m.start) for b in batches for m in b.micro]
+    points = [(float(m.padded), m.end - m.stamped_start) for b in batches for m in b.micro]
     a, per = _line(points) or (0.0, 0.0)
     resid = [y - (a + per * x) for x, y in points]
-    gaps = [q.start - p.end for b in batches for p, q in zip(b.micro, b.micro[1:], strict=False)]
+    gaps = [q.stamped_start - p.end for b in batches for p, q in zip(b.micro, b.micro[1:], strict=False)]
     heads, delivery = [], []
     for b in batches:
         if b.taken is None:
@@ -570,7 +581,7 @@ def _fit_stamped(batches: Sequence[_Batch], prev_end: dict[str, float | None]
         delivery.append(b.taken - b.dispatched)
         pe = prev_end.get(b.id)
         begin = b.taken if pe is None else max(b.taken, pe)
-        heads.append(b.micro[0].start - begin)
+        heads.append(b.micro[0].stamped_start - begin)
     return {"micro": Figure(a, len(points), _median(resid)[1]),
             "per": Figure(per, len(points)),
             "gap": _mean_figure(gaps), "head": _mean_figure(heads),

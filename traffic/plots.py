@@ -56,7 +56,7 @@ def _groups(outcomes: Sequence[Outcome]) -> tuple[dict[str, str], dict[str, str]
     other = f"{_OTHER} ({rest} orgs)"
     label = {org: (f"{org} ({tiers[org]})" if tiers[org] else org) if org in named else other
              for org in ranked}
-    palette = plt.get_cmap("tab10").colors
+    palette = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # tab10 is listed
     colours = {label[org]: palette[i % len(palette)] for i, org in enumerate(named)}
     if rest:
         colours[other] = _GREY
@@ -86,6 +86,7 @@ def _latency_cdf(ax, outcomes, label, colours) -> None:
         xs.sort()
         n = len(xs)
         p99 = percentile(xs, 99)  # as in the tables
+        assert p99 is not None  # xs is not empty
         missing = total[g] - n
         extra = f", {missing:,} not served" if missing else ""
         # Start each curve on the axis, so a lone step still reads as "0 % before".

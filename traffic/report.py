@@ -37,6 +37,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from traffic.percentile import percentile
+
 __all__ = [
     "Outcome",
     "OutcomeStatus",
@@ -103,17 +105,6 @@ class QueueSample(msgspec.Struct, kw_only=True, omit_defaults=True):
     endpoint: str
     held_tokens_by_tier: dict[str, int]
     held_by_tier: dict[str, int] = {}
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) of ascending values, linearly interpolated."""
-    n = len(sorted_values)
-    if n == 0:
-        return None
-    pos = (n - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def _latency_ms(latencies_s: list[float]) -> dict[str, float | None]:
@@ -198,7 +189,7 @@ def summarize(outcomes: Sequence[Outcome], **extra: Any) -> dict[str, Any]:
             "count": len(batches),
             "express": len(express),
             "mean_fill": round(sum(fills) / len(fills), 4) if fills else None,
-            "p50_fill": round(percentile(fills, 50), 4) if fills else None,
+            "p50_fill": None if (p50 := percentile(fills, 50)) is None else round(p50, 4),
             "mean_requests": round(sum(n for n, _, _ in batches.values()) / len(batches), 2)
             if batches else None,
         },

@@ -34,9 +34,10 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from schemas.messages import Result
+from traffic.percentile import percentile
 
 __all__ = ["HOPS", "STAGES", "excess_by_stage", "excess_line", "percentile_ms", "request_stages",
            "span_times", "stage_line", "stage_times", "usual_stage_ms"]
@@ -133,13 +134,8 @@ def span_times(results: Iterable[tuple[Result, float]], start: str, end: str) ->
     return out
 
 
-def percentile_ms(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (nearest rank), None for no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
-    return s[k]
+#: :func:`traffic.percentile.percentile` under the name this module's callers use.
+percentile_ms = percentile
 
 
 def stage_line(times: dict[str, list[float]], *, label: str = "time per stage") -> str:

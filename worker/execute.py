@@ -52,13 +52,13 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, Result
+from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, Result, Status
 from worker.calibration import CALIBRATION_TEXTS, RangeCache
 from worker.credit_return import release_step
 from worker.interface import DEFAULT_OPTIONS, Embedder, EncodeOptions, Reranker
@@ -133,7 +133,10 @@ class _Once:
     def at(self, after_s: float) -> OnStart:
         """This, called from a call ``after_s`` seconds before the batch's last ends:
         the time told is the call's own plus those."""
-        return lambda expect_s=None: self(None if expect_s is None else expect_s + after_s)
+        def told(expect_s: float | None = None) -> None:
+            self(None if expect_s is None else expect_s + after_s)
+
+        return told
 
 
 async def _inline(fn, /, *args, **kwargs):
@@ -244,7 +247,7 @@ class BatchExecutor:
         """``fn`` run as a model call: after the calls handed over before it."""
         return (await self._timed_call(fn, *args, **kwargs))[0]
 
-    async def _timed_call(self, fn, /, *args, started: list[_Pending] = (),
+    async def _timed_call(self, fn, /, *args, started: Sequence[_Pending] = (),
                           on_start: OnStart | None = None, expect_s: float | None = None,
                           on_begin: Callable[[Job | None], None] | None = None,
                           follows: Job | None = None, urgent: bool = False,
@@ -301,13 +304,14 @@ class BatchExecutor:
 
     # -- embeddings ------------------------------------------------------------
 
-    async def _embed(self, batch: Batch, reqs: list[AdmittedRequest]) -> AsyncIterator[list[Served]]:
-        model: Embedder = self.model  # type: ignore[assignment]
+    async def _embed(self, batch: Batch,
+                     reqs: list[AdmittedRequest]) -> AsyncGenerator[list[Served], None]:
+        model: Embedder = self.model  # type: ignore[assignment]  # kind "embed": an Embedder
         pending = [_Pending(r) for r in reqs]
         texts: list[str] = []
         owner: list[tuple[int, int]] = []  # text index -> (request, position)
         for i, p in enumerate(pending):
-            inp: EmbedInput = p.req.input  # type: ignore[assignment]
+            inp: EmbedInput = p.req.input  # type: ignore[assignment]  # an embed batch's input
             p.texts = inp.texts
             p.vectors = [None] * len(p.texts)
             p.truncated = [False] * len(p.texts)
@@ -401,19 +405,19 @@ class BatchExecutor:
         for k, (i, j) in enumerate(owner):
             p = pending[i]
             if p.refusal is None and p.error is None and lengths[k] > limit \
-                    and refuses_truncation(p.req.input):  # type: ignore[arg-type]
+                    and refuses_truncation(p.req.input):
                 p.refusal = ("input_too_long", _too_long_message(
                     f"input.texts[{j}] has {lengths[k]} tokens", limit))
 
     async def _calibrate(self, pending: list[_Pending]) -> None:
         """Ranges for every request that asks for int8/uint8 (computed once per option set)."""
-        model: Embedder = self.model  # type: ignore[assignment]
+        model: Embedder = self.model  # type: ignore[assignment]  # kind "embed": an Embedder
 
         def embed(texts: list[str], options: EncodeOptions) -> np.ndarray:
             return model.encode(texts, **_encode_kwargs(options)).vectors
 
         for p in pending:
-            key = None if self._stopped(p) else calibration_options(p.req.input)  # type: ignore[arg-type]
+            key = None if self._stopped(p) else calibration_options(p.req.input)  # type: ignore[arg-type]  # embed input
             if key is None:
                 continue
             ranges = self.calibration.cached(key)
@@ -437,7 +441,7 @@ class BatchExecutor:
         return out
 
     async def _lengths(self, texts: list[str], owner, pending: list[_Pending]) -> list[int]:
-        model: Embedder = self.model  # type: ignore[assignment]
+        model: Embedder = self.model  # type: ignore[assignment]  # kind "embed": an Embedder
         lengths = [0] * len(texts)
         by_prompt: dict[str | None, list[int]] = {}
         for k, (i, _) in enumerate(owner):
@@ -564,7 +568,7 @@ class BatchExecutor:
                                seconds=p.seconds, started_ms=p.started_ms)
         vectors = np.asarray(p.vectors, dtype=np.float32)
         try:
-            fields = embedding_fields(vectors, p.req.input,  # type: ignore[arg-type]
+            fields = embedding_fields(vectors, p.req.input,  # type: ignore[arg-type]  # embed input
                                       lambda: p.ranges)
         except Exception as e:  # noqa: BLE001 - contained: this request fails alone
             return self._final(p.req, batch, "failed", reason="model_error", seconds=p.seconds,
@@ -579,8 +583,8 @@ class BatchExecutor:
                       on_start: OnStart | None = None, urgent: bool = False) -> Served:
         """One rerank request, a call per micro-batch; ``urgent``: its first call runs
         ahead of every call not started (:meth:`_timed_call`)."""
-        model: Reranker = self.model  # type: ignore[assignment]
-        inp: RerankInput = req.input  # type: ignore[assignment]
+        model: Reranker = self.model  # type: ignore[assignment]  # kind "rerank": a Reranker
+        inp: RerankInput = req.input  # type: ignore[assignment]  # a rerank batch's input
         side = truncate_side(inp)
         extra = {} if side == "end" else {"truncate": side}
         limit = model.max_seq_length
@@ -640,7 +644,7 @@ class BatchExecutor:
 
     # -- results ---------------------------------------------------------------
 
-    def _final(self, req: AdmittedRequest, batch: Batch, status: str, *, seconds: float = 0.0,
+    def _final(self, req: AdmittedRequest, batch: Batch, status: Status, *, seconds: float = 0.0,
                started_ms: int | None = None, **fields: Any) -> Served:
         result = Result(
             id=req.id, status=status, org=req.org, endpoint=req.endpoint,

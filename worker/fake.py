@@ -214,6 +214,8 @@ class FakeReranker(CosineReranker):
     Keyword options are those of :class:`FakeEmbedder` (``dim``, ``ms_per_token``...).
     """
 
+    embedder: FakeEmbedder
+
     def __init__(self, *, name: str = FAKE_SPEC, **options: Any) -> None:
         super().__init__(FakeEmbedder(name=name, **options), name=name)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -263,7 +263,8 @@ class CosineReranker(Reranker):
             yield from ((list(g), RerankOutput([], [])) for g in groups)
             return
         # Options only when asked: an embedder written before options existed still works.
-        extra = {} if truncate == "end" else {"options": EncodeOptions(truncate=truncate)}
+        extra: dict[str, Any] = {} if truncate == "end" else {
+            "options": EncodeOptions(truncate=truncate)}
         q = self.embedder.encode([query], **extra)
         q_vec, q_cut = q.vectors[0], q.truncated[0]
         for group in groups:

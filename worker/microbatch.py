@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["HEAD_MIN_REST_CALLS", "MicrobatchOrder", "minority_head", "padded_tokens",
            "plan_microbatches", "plan_with_head"]
@@ -184,7 +184,7 @@ def plan_with_head(
     """
     if len(keys) != len(lengths):
         raise ValueError(f"{len(keys)} keys for {len(lengths)} lengths")
-    kw = {"max_padded_tokens": max_padded_tokens, "max_size": max_size, "order": "given",
+    kw: dict[str, Any] = {"max_padded_tokens": max_padded_tokens, "max_size": max_size, "order": "given",
           "max_seq_length": max_seq_length, "window": window}
     if express:
         bulk = max(Counter(keys).values(), default=1)

@@ -113,9 +113,9 @@ class ModelThread:
             while True:
                 if self._stopping:
                     return None
-                ready = [j for j in self._queue if j.key is not None]
+                ready = [(j.key, j) for j in self._queue if j.key is not None]
                 if ready:
-                    job = min(ready, key=lambda j: j.key)
+                    _, job = min(ready, key=lambda kj: kj[0])
                     self._queue.remove(job)
                     return job
                 self._cv.wait()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -133,7 +133,10 @@ class SentenceTransformerEmbedder(Embedder):
         self.path = resolve_model_path(spec)
         self.device = choose_device(device)
         self.model: SentenceTransformer = SentenceTransformer(self.path, device=self.device)
-        self.dimension = int(self.model.get_embedding_dimension())
+        dimension = self.model.get_embedding_dimension()
+        if dimension is None:
+            raise ValueError(f"{spec!r}: the model does not say its embedding dimension")
+        self.dimension = int(dimension)
         prompt_name = self.model.default_prompt_name
         # encode() prepends the default prompt, if the model has one: count it.
         self._prompt = self.model.prompts.get(prompt_name, "") if prompt_name else ""
@@ -141,7 +144,10 @@ class SentenceTransformerEmbedder(Embedder):
 
     @property
     def max_seq_length(self) -> int:
-        return int(self.model.max_seq_length)
+        limit = self.model.max_seq_length
+        if limit is None:
+            raise ValueError(f"{self.name!r}: the model does not say its max_seq_length")
+        return int(limit)
 
     def token_lengths(self, texts: Sequence[str], *, prompt: str | None = None) -> list[int]:
         if not texts:
@@ -161,7 +167,8 @@ class SentenceTransformerEmbedder(Embedder):
             try:
                 from sentence_transformers.sentence_transformer.modules import Normalize
             except ImportError:  # sentence-transformers < 6
-                from sentence_transformers.models import Normalize
+                # The same class, where sentence-transformers < 6 kept it.
+                from sentence_transformers.models import Normalize  # type: ignore[no-redef]
             kept = [m for m in self.model if not isinstance(m, Normalize)]
             self._unnormalized = self.model if len(kept) == len(self.model) else \
                 SentenceTransformer(modules=kept, device=self.device)
@@ -257,7 +264,8 @@ class CrossEncoderReranker(Reranker):
 def load_embedder(spec: str, device: str | None = None) -> Embedder:
     """The embedder a spec names (see the module docstring for spec forms)."""
     if is_fake_spec(spec):
-        return FakeEmbedder(**parse_fake_spec(spec), name=spec)
+        options: dict[str, Any] = parse_fake_spec(spec)
+        return FakeEmbedder(**options, name=spec)
     return SentenceTransformerEmbedder(spec, device=device)
 
 

@@ -185,3 +185,39 @@ def test_with_the_workers_stamps_each_part_is_measured_on_its_own():
     assert f.delivery_ms.value == pytest.approx(12.0, abs=1.0)
     assert f.admission_ms.value == pytest.approx(60.0, abs=1.0)  # sent -> read by the scheduler
     assert f.batch_predicted_ms == pytest.approx(f.batch_measured_ms, rel=0.02)
+
+
+def _line_by_hand(points):
+    """The least-squares fit _line computed by hand before it used the standard library."""
+    if not points:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx > 0 else 0.0
+    a = my - b * mx
+    if sxx <= 0 or a < 0 or b <= 0:
+        sx2 = sum(x * x for x, _ in points)
+        b, a = (sum(x * y for x, y in points) / sx2 if sx2 else 0.0), 0.0
+    return a, b
+
+
+@pytest.mark.parametrize("points", [
+    [],
+    [(64.0, 12.0)],                                   # one point: through the origin
+    [(0.0, 3.0)],                                     # one point at x = 0: no slope
+    [(32.0, 5.0), (32.0, 7.0), (32.0, 6.5)],          # one shape: all per token
+    [(0.0, 1.0), (0.0, 2.0)],                         # every x 0
+    [(16.0, 4.1), (64.0, 9.8), (256.0, 31.0), (512.0, 60.5), (128.0, 17.2)],  # a + b x
+    [(16.0, 1.0), (64.0, 9.0), (256.0, 40.0)],        # negative intercept: refitted
+    [(16.0, 9.0), (64.0, 5.0), (256.0, 1.0)],         # falling: refitted through 0
+    [(float(x), 2.5 + 0.031 * x + (x % 7) * 0.4) for x in range(8, 4096, 37)],
+])
+def test_the_fit_is_the_one_computed_by_hand(points):
+    """statistics.linear_regression gives the intercept and slope the hand-written fit gave."""
+    got, want = cal._line(points), _line_by_hand(points)
+    if want is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12)

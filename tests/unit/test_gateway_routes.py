@@ -265,3 +265,31 @@ def test_openapi_is_generated_from_the_decoding_types():
         request_type = Extended
     props = openapi_document([R()])["components"]["schemas"]["Extended"]["properties"]
     assert "brand_new_field" in props
+
+
+# -- serving-fairness keys ---------------------------------------------------------
+
+
+def test_keys_new_prints_the_key_once_and_its_hash_line(capsys, tmp_path):
+    """`keys new --org X`: the key, and the api_keys line whose hash is that key's."""
+    from app.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(build_config(orgs={"acme": "gold"}).text)
+    assert main(["keys", "new", "--org", "acme", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    key = out[0].rsplit(" ", 1)[-1]
+    assert key.startswith(KEY_PREFIX) and out[-1] == f'api_keys = ["{hash_key(key)}"]'
+    assert sum(key in line for line in out) == 1
+    assert main(["keys", "new", "--org", "nobody", "--config", str(cfg)]) == 2
+    assert "nobody" in capsys.readouterr().err
+
+
+def test_keys_hash_reads_standard_input(capsys, monkeypatch):
+    import io
+
+    from app.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(KEY + "\n"))
+    assert main(["keys", "hash"]) == 0
+    assert capsys.readouterr().out.strip() == hash_key(KEY)
