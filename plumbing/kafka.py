@@ -143,7 +143,7 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # claims. A consumer with nothing to read sends a fetch every wait: at
     # 10 ms one idle consumer took 6-8 % of a core on the 2-core machine,
     # at 100 ms about 1 % (docs/benchmarks.md, "What an idle pipeline
-    # costs"; bench/idle_cost.py for the whole pipeline), and the broker
+    # costs"; bench/investigations/idle_cost.py for the whole pipeline), and the broker
     # serves each.
     # A record already there is answered at once either way.
     follow_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 200
