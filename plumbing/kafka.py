@@ -139,8 +139,9 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 10
     # The same for consumers that follow slowly changing state, off every
     # request's path: the scheduler's state snapshots (published every
-    # state_interval_ms, 250 by default) and the scheduler's leadership
-    # claims. A consumer with nothing to read sends a fetch every wait: at
+    # state_interval_ms, 250 by default); the leader partition is read with
+    # the smaller of this and a twentieth of the leader silence, since a beat
+    # read late delays a takeover (scheduler/leader.py). A consumer with nothing to read sends a fetch every wait: at
     # 10 ms one idle consumer took 6-8 % of a core on the 2-core machine,
     # at 100 ms about 1 % (docs/benchmarks.md, "What an idle pipeline
     # costs"; bench/investigations/idle_cost.py for the whole pipeline), and the broker
