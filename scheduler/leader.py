@@ -352,6 +352,7 @@ class LeaderElection:
         self.lease.end()
         self.epoch = 0
         self.fenced_ms = None
+        self._reading_since = None  # silence counts afresh, from reading as a standby
         self._epoch_gauge.set(0)
         self._beats.clear()
         self._takeover = None
