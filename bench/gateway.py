@@ -25,7 +25,8 @@ model at 0 ms), the gateway (``serving-fairness gateway``), and the load:
   the gateway's side on a small machine).
 
 The pipeline request is the same on both sides: one 16-word text, as
-OpenAI's route makes it (float32 vectors packed, base64 on the HTTP side),
+OpenAI's route makes it (normalized float32 vectors packed, base64 on the
+HTTP side),
 the org's tier gold, a deadline of 60 s.
 
 Three measurements:
@@ -114,7 +115,8 @@ NO_WRK = ("wrk not found on PATH: install it (Debian/Ubuntu: apt-get install wrk
 def _direct_request(i: int) -> Request:
     # What gateway.openai_api.EmbeddingsRoute.call makes of BODY.
     return Request(id=uuid.uuid4().hex, org=ORGS[i % len(ORGS)], endpoint="embed",
-                   input=EmbedInput(texts=[TEXT], embedding_types=["float"], encoding="base64"),
+                   input=EmbedInput(texts=[TEXT], normalize=True, embedding_types=["float"],
+                                    encoding="base64"),
                    deadline_ms=DEADLINE_MS, created_ms=int(time.time() * 1000))
 
 
