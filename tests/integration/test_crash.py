@@ -43,10 +43,13 @@ def _assert_one_result_each(figures: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("session_ms", [2000, 6000])
-async def test_crashes_at_full_length(session_ms: int):
-    """The documented run (``python bench/crash.py [--session-ms 6000]``): every request one
-    result, counted by id."""
-    figures = await run(rate=40, phase_s=8, session_ms=session_ms)
+async def test_crashes_at_full_length_with_the_default_session():
+    """The documented run at the default session (``python bench/crash.py --session-ms
+    6000``, the slowest recoveries): every request one result, counted by id, and each
+    recovery seen. Since CI runs the slow tests, the same run at a 2 s session is left to
+    the command: the test above runs those three kills at 2 s with 3 s phases."""
+    figures = await run(rate=40, phase_s=8, session_ms=6000)
     print(report(figures))
     _assert_one_result_each(figures)
+    assert figures["scheduler_first_result_s"] is not None, report(figures)
+    assert figures["admission_first_result_s"] is not None, report(figures)
