@@ -25,7 +25,8 @@ model at 0 ms), the gateway (``serving-fairness gateway``), and the load:
   the gateway's side on a small machine).
 
 The pipeline request is the same on both sides: one 16-word text, as
-OpenAI's route makes it (float32 vectors packed, base64 on the HTTP side),
+OpenAI's route makes it (normalized float32 vectors packed, base64 on the
+HTTP side),
 the org's tier gold, a deadline of 60 s.
 
 Three measurements:
@@ -49,7 +50,9 @@ Three measurements:
    ``rss_per_waiting_kib`` is the growth over the RSS just before, divided
    by ``waiting``. The gateway runs with ``--max-waiting-requests`` =
    ``waiting``: the 10 % beyond it must get 503 at once (memory bounded),
-   the rest 200 once the worker is resumed (SIGCONT).
+   the rest 200 once the worker is resumed (SIGCONT). For comparison, the
+   direct client's process the same way (``direct_rss_per_waiting_kib``:
+   warmed, the worker paused, ``waiting`` requests submitted).
 
 Run: ``python bench/gateway.py`` (8 s rounds, 3 each) or ``--quick`` (3 s,
 2); ``--json FILE`` also writes the figures.
@@ -114,7 +117,8 @@ NO_WRK = ("wrk not found on PATH: install it (Debian/Ubuntu: apt-get install wrk
 def _direct_request(i: int) -> Request:
     # What gateway.openai_api.EmbeddingsRoute.call makes of BODY.
     return Request(id=uuid.uuid4().hex, org=ORGS[i % len(ORGS)], endpoint="embed",
-                   input=EmbedInput(texts=[TEXT], embedding_types=["float"], encoding="base64"),
+                   input=EmbedInput(texts=[TEXT], normalize=True, embedding_types=["float"],
+                                    encoding="base64"),
                    deadline_ms=DEADLINE_MS, created_ms=int(time.time() * 1000))
 
 
@@ -137,8 +141,11 @@ async def _drive(args: argparse.Namespace) -> dict:
         await client.start()
         closing.append(client.stop)
 
+        submitted = Counter()
+
         async def direct(i: int) -> str:
             rid = await client.submit(_direct_request(i))
+            submitted["n"] += 1
             res = await client.result(rid, DEADLINE_MS / 1000 + 5)
             return res.status
 
@@ -169,6 +176,9 @@ async def _drive(args: argparse.Namespace) -> dict:
         statuses[side][status] += 1
 
     try:
+        if args.burst and args.side == "direct":
+            return await _hold(args.burst, lambda i: timed("direct", i), submitted,
+                               statuses["direct"])
         if args.burst:
             await asyncio.gather(*(timed(sides[0], i) for i in range(args.burst)))
             return {"statuses": dict(statuses[sides[0]])}
@@ -201,6 +211,31 @@ async def _drive(args: argparse.Namespace) -> dict:
     finally:
         for close in closing:
             await close()
+
+
+async def _hold(burst: int, timed, submitted: Counter, statuses: Counter) -> dict:
+    """The direct client's own RSS with ``burst`` requests waiting.
+
+    Warm first (``burst`` // 2 requests answered), say ``WARM`` and wait for a
+    line on stdin (the worker is paused then), send ``burst``, and once all are
+    submitted read this process's RSS and say ``HELD``.
+    """
+    await asyncio.gather(*(timed(i) for i in range(burst // 2)))
+    statuses.clear()
+    print("WARM", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    before = rss_kib(os.getpid())
+    start = submitted["n"]
+    sending = asyncio.gather(*(timed(i) for i in range(burst)))
+    while submitted["n"] - start < burst and not sending.done():
+        await asyncio.sleep(0.05)
+    held = []
+    for _ in range(5):
+        held.append(rss_kib(os.getpid()))
+        await asyncio.sleep(0.1)
+    print("HELD", flush=True)
+    await sending
+    return {"statuses": dict(statuses), "rss_before_kib": before, "rss_waiting_kib": max(held)}
 
 
 def drive_main(argv: list[str]) -> None:
@@ -431,6 +466,45 @@ async def hold_waiting(run: dict, gateway_pid: int, worker_pid: int, waiting: in
             "rss_after_mib": after / 1024, "rss_per_waiting_kib": grown / held}
 
 
+async def hold_direct(run: dict, worker_pid: int, waiting: int) -> dict:
+    """The direct client's RSS growth per waiting request, the worker paused, for comparison."""
+    cmd = [*_drive_cmd("direct", run, 1, 0, 0), "--burst", str(waiting)]
+    proc = await asyncio.create_subprocess_exec(*cmd, stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, cwd=ROOT)
+    lines: list[str] = []
+
+    async def until(word: str) -> None:
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode(errors="replace")
+            if not line:
+                raise RuntimeError(f"the direct client ended before {word}:\n"
+                                   + "".join(lines)[-2000:])
+            lines.append(line)
+            if line.startswith(word):
+                return
+
+    paused = False
+    try:
+        await until("WARM")
+        os.kill(worker_pid, signal.SIGSTOP)
+        paused = True
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        await until("HELD")
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        if paused:
+            os.kill(worker_pid, signal.SIGCONT)
+    rest, _ = await asyncio.wait_for(proc.communicate(), 120)
+    got = _result_line("".join(lines) + rest.decode(errors="replace"), "RESULT")
+    _check("direct", got)
+    return {"direct_rss_per_waiting_kib": (got["rss_waiting_kib"] - got["rss_before_kib"])
+            / waiting}
+
+
 async def amain(args: argparse.Namespace) -> dict:
     seconds = args.seconds or (3.0 if args.quick else 8.0)
     repeat = args.repeat or (2 if args.quick else 3)
@@ -478,6 +552,7 @@ async def amain(args: argparse.Namespace) -> dict:
                     figures |= await measure(args, run, seconds, repeat)
                     figures |= await hold_waiting(run, gateway.pid, stack.pid("worker-embed"),
                                                   args.waiting)
+                    figures |= await hold_direct(run, stack.pid("worker-embed"), args.waiting)
             finally:
                 if gateway is not None and gateway.poll() is None:
                     gateway.send_signal(signal.SIGTERM)
@@ -564,7 +639,9 @@ def report(f: dict, embedded: bool, kafka: KafkaSettings) -> None:
     print(f"{f['waiting_requests']:,} requests waiting at the gateway (worker paused), "
           f"{f['sent']:,} sent: {f['statuses']}; RSS {f['rss_before_mib']:.1f} -> "
           f"{f['rss_waiting_mib']:.1f} MiB (after: {f['rss_after_mib']:.1f})")
-    print(f"  rss_per_waiting_kib: {f['rss_per_waiting_kib']:.1f}")
+    print(f"  rss_per_waiting_kib: {f['rss_per_waiting_kib']:.1f}   the direct client's own, "
+          f"{f['waiting_requests']:,} waiting the same way: "
+          f"{f['direct_rss_per_waiting_kib']:.1f}")
 
 
 def main(argv: list[str] | None = None) -> dict | None:

@@ -37,7 +37,7 @@ response_type: "embeddings_by_type"}``.
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -46,7 +46,7 @@ from gateway.call import Call, Failure
 from gateway.catalog import Catalog
 from gateway.route import Route, cohere_priority
 from schemas.messages import EmbedInput, RerankInput, Result
-from schemas.options import Dimensions, MaxTokensPerDoc
+from schemas.options import Dimensions, EmbeddingType, MaxTokensPerDoc
 from schemas.vectors import decode_embeddings
 
 __all__ = ["EmbedRoute", "RerankRoute"]
@@ -95,7 +95,7 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     max_tokens_per_doc: MaxTokensPerDoc | None = None
     priority: CoherePriority | None = None
     #: Accepted for the SDK's sake; spans are not computed.
-    relevant_spans: bool | dict | None = None
+    relevant_spans: bool | dict[str, Any] | None = None
     org: str | None = None
 
 
@@ -146,6 +146,12 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
     message: str
 
 
+#: Cohere's embedding type -> the pipeline's: ``base64`` is the float vector's bytes.
+_PIPELINE_TYPE: dict[str, EmbeddingType] = {
+    "float": "float", "int8": "int8", "uint8": "uint8", "binary": "binary",
+    "ubinary": "ubinary", "base64": "float"}
+
+
 class _Cohere(Route):
     api = "cohere"
     error_type = ErrorResponse
@@ -182,9 +188,10 @@ class EmbedRoute(_Cohere):
                 if any(isinstance(c, ImageContent) for c in item.content):
                     return Failure(400, "invalid_input", "image content is not supported: "
                                    "the endpoints embed text", f"inputs[{i}].content")
-                texts.append(" ".join(c.text for c in item.content))
+                texts.append(" ".join(c.text for c in item.content
+                                      if isinstance(c, TextContent)))
         else:
-            texts = body.texts
+            texts = list(body.texts or [])
         if not texts:
             return Failure(400, "invalid_input", "texts must not be empty", "texts")
         if body.max_tokens is not None:
@@ -195,7 +202,7 @@ class EmbedRoute(_Cohere):
                                f"({limit if limit else 'unknown'}) is not supported; leave it "
                                "out, or truncate the texts", "max_tokens")
         asked = list(dict.fromkeys(body.embedding_types or ["float"]))
-        types = list(dict.fromkeys("float" if t == "base64" else t for t in asked))
+        types = list(dict.fromkeys(_PIPELINE_TYPE[t] for t in asked))
         input_type = body.input_type if ep.prompts else None
         inp = EmbedInput(texts=texts, input_type=input_type, dimensions=body.output_dimension,
                          embedding_types=types, encoding="base64",
@@ -205,14 +212,16 @@ class EmbedRoute(_Cohere):
 
     def answer(self, result: Result, call: Call, catalog: Catalog) -> EmbedResponse:
         arrays = decode_embeddings(result)
-        out: dict[str, object] = {}
+        emb = Embeddings()
         for t in call.extra["types"]:
             if t == "base64":
-                out["base64"] = [base64.b64encode(r).decode()
-                                 for r in (result.embeddings_packed or {}).get("float", [])]
+                emb.base64 = [base64.b64encode(r).decode()
+                              for r in (result.embeddings_packed or {}).get("float", [])]
+            elif t == "float":
+                emb.float_ = arrays[t].tolist()
             else:
-                out["float_" if t == "float" else t] = arrays[t].tolist()
-        return EmbedResponse(id=result.id, embeddings=Embeddings(**out),
+                setattr(emb, t, arrays[t].tolist())
+        return EmbedResponse(id=result.id, embeddings=emb,
                              texts=call.extra["texts"],
                              meta=ApiMeta(billed_units=BilledUnits(input_tokens=result.tokens)))
 

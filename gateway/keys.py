@@ -17,6 +17,10 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from schemas.config import Config
 
 __all__ = ["KEY_PREFIX", "KeyRing", "hash_key", "new_key"]
 
@@ -52,7 +56,7 @@ class KeyRing:
                 self._orgs[h] = org
 
     @classmethod
-    def of(cls, config) -> KeyRing:
+    def of(cls, config: Config) -> KeyRing:
         """The ring of a :class:`schemas.config.Config`: every org's ``api_keys``."""
         return cls({name: list(org.api_keys) for name, org in config.orgs.items()})
 

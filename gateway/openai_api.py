@@ -124,8 +124,9 @@ class EmbeddingsRoute(_OpenAI):
             return Failure(404, "model_not_found",
                            f"The model {body.model!r} does not exist or is not an embedding "
                            "model; GET /v1/models lists them", "model")
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        if not all(isinstance(t, str) for t in texts):
+        given = [body.input] if isinstance(body.input, str) else body.input
+        texts = [t for t in given if isinstance(t, str)]
+        if len(texts) != len(given):
             return Failure(400, "invalid_input",
                            "input must be a string or a list of strings: token ids are not "
                            "accepted, send the text", "input")
@@ -157,4 +158,5 @@ class ModelsRoute(_OpenAI):
 
 
 def _floats(packed: bytes) -> list[float]:
-    return np.frombuffer(packed, dtype="<f4").tolist()
+    floats: list[float] = np.frombuffer(packed, dtype="<f4").tolist()
+    return floats

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.call import Failure
 from gateway.catalog import Catalog
 from gateway.route import Route
 
@@ -57,7 +58,7 @@ def openapi_document(routes: list[Route], version: str = "0.1.0") -> dict[str, A
             for code, text in _ERRORS.items():
                 if code == "401" and not r.auth:
                     continue
-                status = str(r.status(_Probe(int(code))))
+                status = str(r.status(Failure(int(code), "probe", "")))
                 responses.setdefault(status, {"description": text, "content": error})
         op["responses"] = responses
         if r.auth:
@@ -72,13 +73,6 @@ def openapi_document(routes: list[Route], version: str = "0.1.0") -> dict[str, A
         "components": {"schemas": components,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
-
-
-class _Probe:
-    """A failure of a given status, to ask a route which status it answers with."""
-
-    def __init__(self, status: int):
-        self.status = status
 
 
 class OpenApiRoute(Route):

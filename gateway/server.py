@@ -163,6 +163,8 @@ class GatewayServer:
                 ok, why = self.ready()
                 return web.Response(status=200 if ok else 503, text="" if ok else why)
             return self._json(200, route.get(catalog, org))
+        if org is None:  # a route with a body always acts for a proven org
+            return self._error(route, Failure(401, "unauthorized", "an API key is needed"))
         if self.draining:
             return self._error(route, Failure(503, "shutting_down",
                                               "the gateway is stopping; retry another replica"),

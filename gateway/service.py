@@ -111,7 +111,7 @@ class GatewayService(Service):
 
     async def open(self) -> None:
         await self.client.start()
-        self.watch_broker(self.client._producer.client, self.client.topics.ingress,
+        self.watch_broker(self.client.kafka_client(), self.client.topics.ingress,
                           self.metrics.broker_up)
         await self.server.start(self.settings.host, self.settings.port)
         self.log.info("gateway_started", url=self.server.url, reply_topic=self.reply_topic,

@@ -39,7 +39,7 @@ from gateway.call import Call, Failure
 from gateway.catalog import Catalog
 from gateway.route import Route
 from schemas.messages import EmbedInput, RerankInput, Result
-from schemas.options import Dimensions, PromptName
+from schemas.options import Dimensions, PromptName, Truncate
 
 __all__ = ["EmbedRoute", "HealthRoute", "InfoRoute", "RerankRoute"]
 
@@ -125,7 +125,7 @@ class _Tei(Route):
         return 422 if failure.status == 400 else failure.status
 
 
-def _truncate(truncate: bool | None, direction: str) -> str:
+def _truncate(truncate: bool | None, direction: str) -> Truncate:
     if truncate is False:
         return "none"
     return "start" if direction.lower() == "left" else "end"

@@ -51,7 +51,7 @@ class _Open:
 
     __slots__ = ("builder", "done", "records")
 
-    def __init__(self, builder):
+    def __init__(self, builder: Any) -> None:  # aiokafka's BatchBuilder (untyped)
         self.builder = builder
         self.records = 0
         #: None once the broker acknowledged the builder's records, else the error.

@@ -200,6 +200,12 @@ class FairnessClient(StartStop):
         self._reader = asyncio.create_task(self._read(), name=f"client-{self.client_id}")
         keeper.start()
 
+    def kafka_client(self) -> Any:
+        """The producer's Kafka client (for a broker watch); the client must be started."""
+        if self._producer is None:
+            raise RuntimeError("FairnessClient is not started (use `async with`)")
+        return self._producer.client
+
     async def _follow(self, partitions: int, since_ms: int) -> None:
         """Read every partition of the reply topic: ours from the start, a shared one by time."""
         tps = [TopicPartition(self.reply_topic, p) for p in range(partitions)]

@@ -23,12 +23,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from producer.shaping import Shaper
+__all__ = ["Allowance", "ReadAhead"]
 
-__all__ = ["ReadAhead"]
+
+class Allowance(Protocol):
+    """Per key, whether a record may be taken now and when the next one may
+    (:class:`producer.shaping.Shaper`, :class:`producer.pacing.Pacer`)."""
+
+    def take(self, key: Hashable, now: float) -> bool: ...
+
+    def due_in(self, key: Hashable, now: float) -> float: ...
 
 
 class ReadAhead:
@@ -59,7 +65,7 @@ class ReadAhead:
             q.append((rec, at))
             self.held += 1
 
-    def take(self, n: int, max_bytes: int | None = None, *, shaper: Shaper | None = None,
+    def take(self, n: int, max_bytes: int | None = None, *, shaper: Allowance | None = None,
              now: float = 0.0) -> list[tuple[Hashable, Any, Any]]:
         """Up to ``n`` (partition, record, fetched at): one per group in turn, each in order.
 
@@ -96,7 +102,7 @@ class ReadAhead:
         self.held -= len(out)
         return out
 
-    def due_in(self, shaper: Shaper | None, now: float) -> float | None:
+    def due_in(self, shaper: Allowance | None, now: float) -> float | None:
         """Seconds until :meth:`take` with ``shaper`` would return a record: 0 if it would
         now, None if nothing is held."""
         if not self._ring:

@@ -56,7 +56,9 @@ from prometheus_client import CollectorRegistry
 
 from plumbing.deadletter import dead_letter
 from plumbing.kafka import (
+    Consumer,
     KafkaSettings,
+    Producer,
     add_kafka_arguments,
     close_clients,
     group_generation,
@@ -84,7 +86,7 @@ from producer.ratelimit import RateLimiter
 from producer.readahead import ReadAhead
 from producer.shaping import Shaper
 from producer.throttle import ThrottleState
-from schemas.codec import DecodeError, codec_for, content_type
+from schemas.codec import DecodeError, Format, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, DeadLetter, Result, SchedulerState
 from schemas.topics import Topics
@@ -157,6 +159,7 @@ class AdmissionService(Service):
     """
 
     name = "admission"
+    settings: AdmissionSettings
 
     def __init__(
         self,
@@ -186,9 +189,9 @@ class AdmissionService(Service):
         #: Decides with these three, updated in place on a reload.
         self._admission = Admission(self.limiter, self.throttle, self._counters)
         self._counter_specs: dict[str, TokenCounter] = {}
-        self._producer = None
+        self._producer: Producer | None = None
         self._outbox: Outbox | None = None
-        self._consumer = None
+        self._consumer: Consumer | None = None
         self._state: StateFollower | None = None
         #: Fetched records not yet decided, and every held offset (this generation).
         self._ahead = ReadAhead()
@@ -210,29 +213,29 @@ class AdmissionService(Service):
         """Create the topics, load token counters, connect, join the ingress group."""
         created = await ensure_topics(self.kafka, self.topics.all(self.config))
         self._counters.update(await self._load_counters(self.config))
-        self._producer = make_producer(self.kafka)
-        await self._producer.start()
-        self._outbox = Outbox(self._producer)
-        self._consumer = make_consumer(
+        producer = self._producer = make_producer(self.kafka)
+        await producer.start()
+        self._outbox = Outbox(producer)
+        consumer = self._consumer = make_consumer(
             self.kafka, group_id=f"{self.topics.prefix}admission",
             max_poll_records=self.settings.read_ahead_records,
             max_partition_fetch_bytes=self.settings.max_partition_fetch_bytes,
         )
-        self._consumer.subscribe([self.topics.ingress],
-                                 listener=Rebalance(on_revoked=self._on_revoked))
-        await self._consumer.start()
-        self._state = await StateFollower(
+        consumer.subscribe([self.topics.ingress],
+                           listener=Rebalance(on_revoked=self._on_revoked))
+        await consumer.start()
+        state = self._state = await StateFollower(
             self.kafka, self.topics.scheduler_state, self._observe_state,
             since_s=self.throttle.stale_after_ms / 1000,
             on_undecodable=self._state_undecodable).start()
-        self.watch_broker(self._producer.client, self.topics.ingress,
+        self.watch_broker(producer.client, self.topics.ingress,
                           self.metrics.broker_reachable)
         # A broker that lost its topics (a Tansu restart): recreate them, and
         # follow the new scheduler-state topic from its start.
-        keeper = TopicKeeper(self.kafka, self._producer.client,
+        keeper = TopicKeeper(self.kafka, producer.client,
                              lambda: self.topics.all(self.config), service="admission",
-                             on_lost=self._state.seek_recent,
-                             follow=lambda: [self._state.consumer, self._consumer])
+                             on_lost=state.seek_recent,
+                             follow=lambda: [state.consumer, self._consumer])
         keeper.known(created)
         self.keep(keeper)
         self.log.info("admission_started", ingress=self.topics.ingress,
@@ -268,6 +271,8 @@ class AdmissionService(Service):
             maxsize=max(1, self.settings.steps_in_flight))
         settler = asyncio.create_task(self._settle_loop(queue), name="admission-settle")
         s = self.settings
+        consumer = self._consumer
+        assert consumer is not None, "open() ran"
         try:
             while not self.stopping and not settler.done():
                 now = time.monotonic()
@@ -279,7 +284,7 @@ class AdmissionService(Service):
                     wait_ms = s.poll_timeout_ms if due is None else min(
                         s.poll_timeout_ms, math.ceil(due * 1000))
                     try:
-                        batches = await self._consumer.getmany(
+                        batches = await consumer.getmany(
                             timeout_ms=wait_ms,
                             max_records=s.read_ahead_records - len(self._ahead))
                     except KafkaError as e:
@@ -344,6 +349,7 @@ class AdmissionService(Service):
             self._generation = group_generation(self._consumer)
         step = _Step(generation=self._generation, offsets=self._offsets)
         outbox = self._outbox
+        assert outbox is not None, "open() ran"
         for n, (tp, rec, fetched_ms) in enumerate(taken, 1):
             for send in self._decide(rec, fetched_ms):
                 send.tp = tp
@@ -386,24 +392,26 @@ class AdmissionService(Service):
         self._next_commit_s = time.monotonic() + self.settings.commit_interval_ms / 1000
         if step.offsets is not self._offsets:
             return  # a rebalance came in between: the next owner replays
+        consumer = self._consumer
+        assert consumer is not None, "open() ran"
         try:
             # Not a member of the generation it was fetched in any more
             # (rebalanced, expelled, or the broker lost the group): the next
             # owner replays; a commit now would be stale.
-            if not in_group(self._consumer, step.generation):
+            if not in_group(consumer, step.generation):
                 return
             offsets = {tp: o for tp, o in self._offsets.to_commit().items()
-                       if tp in self._consumer.assignment()}
+                       if tp in consumer.assignment()}
             if offsets:
-                await self._consumer.commit(offsets)
+                await consumer.commit(offsets)
                 self._offsets.committed(offsets)
         except KafkaError as e:
             # A rebalance took the partitions: the new owner replays them.
             log.warning("ingress_commit_failed", error=repr(e))
             return
         lag = self.metrics.lag_gauge
-        for tp in self._consumer.assignment():
-            highwater = self._consumer.highwater(tp)
+        for tp in consumer.assignment():
+            highwater = consumer.highwater(tp)
             at = self._offsets.committable(tp)
             if highwater is not None and at is not None:
                 lag(str(tp.partition)).set(max(0, highwater - at))
@@ -461,7 +469,7 @@ class AdmissionService(Service):
         o = self.config.orgs.get(org)
         return ep, o.tier if o is not None else "unknown"
 
-    def _result_send(self, result: Result, reply_to: str, fmt: str, rec) -> _Send:
+    def _result_send(self, result: Result, reply_to: str, fmt: Format, rec) -> _Send:
         return _Send(reply_to, _result_codec.encode(result, fmt), result.id.encode(),
                      [("content-type", content_type(fmt).encode())], "result", rec,
                      status=result.status)
@@ -483,6 +491,8 @@ class AdmissionService(Service):
 
     async def _retry(self, s: _Send, error: BaseException) -> bool:
         """Retry one failed send; False only when stopping before it got through."""
+        producer = self._producer
+        assert producer is not None, "open() ran"
         attempts = 1
         delay_s = 0.1
         while True:
@@ -501,7 +511,7 @@ class AdmissionService(Service):
             delay_s = min(delay_s * 2, 5.0)
             attempts += 1
             try:
-                await self._producer.send_and_wait(s.topic, s.value, key=s.key, headers=s.headers)
+                await producer.send_and_wait(s.topic, s.value, key=s.key, headers=s.headers)
                 if s.status is not None:
                     self.metrics.result_counter(s.status).inc()
                 return True
@@ -510,6 +520,8 @@ class AdmissionService(Service):
 
     async def _undeliverable(self, s: _Send, error: BaseException) -> bool:
         """A send that can never succeed: keep the record as a dead letter, never block."""
+        producer = self._producer
+        assert producer is not None, "open() ran"
         log.error("send_failed", topic=s.topic, kind=s.kind, error=repr(error))
         if s.kind == "dead_letter" or s.record is None:
             return True  # nowhere left to keep it; logged above
@@ -521,7 +533,7 @@ class AdmissionService(Service):
             then.append(fallback)
         for t in then:
             try:
-                await self._producer.send_and_wait(t.topic, t.value, key=t.key, headers=t.headers)
+                await producer.send_and_wait(t.topic, t.value, key=t.key, headers=t.headers)
             except Exception as e:  # noqa: BLE001 - retried (or given up) like any send
                 if not await self._retry(t, e):
                     return False

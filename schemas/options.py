@@ -95,12 +95,16 @@ PromptText = Annotated[str, Meta(max_length=4096)]
 MaxTokensPerDoc = Annotated[int, Meta(ge=1, le=2**31 - 1)]
 
 
+_CANONICAL_TRUNCATE: dict[str, Literal["none", "end", "start"]] = {
+    "none": "none", "end": "end", "start": "start"}
+
+
 def truncate_of(value: str) -> Literal["none", "end", "start"]:
     """The canonical (lower-case) form of a ``truncate`` value."""
-    lowered = value.lower()
-    if lowered not in ("none", "end", "start"):
+    canonical = _CANONICAL_TRUNCATE.get(value.lower())
+    if canonical is None:
         raise ValueError(f"truncate must be none, end or start, not {value!r}")
-    return lowered  # type: ignore[return-value]
+    return canonical
 
 
 class RequestOptions(msgspec.Struct, kw_only=True, omit_defaults=True,

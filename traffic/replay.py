@@ -256,12 +256,11 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
             if got[i] is not None:
                 twice[res.id] += 1  # the first result stands; the copy is counted
                 continue
-            if got[i] is None:
-                got[i] = (res, time.time())
-                progress.results += 1
-                progress.ok += res.status == "ok"
-                if progress.results + len(send_error) >= len(items):
-                    all_in.set()
+            got[i] = (res, time.time())
+            progress.results += 1
+            progress.ok += res.status == "ok"
+            if progress.results + len(send_error) >= len(items):
+                all_in.set()
 
     async def tick() -> None:
         while True:

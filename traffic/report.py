@@ -17,8 +17,8 @@ Definitions used throughout:
 
 * latency: ``completed_s - arrival_s`` of an ``ok`` request, in ms: from the
   moment it was sent to the moment its batch was done;
-* percentiles: linear interpolation between the closest ranks (numpy's
-  default), so p99 of five samples lies between the two largest;
+* percentiles: nearest rank (:mod:`traffic.percentile`), always a value
+  measured: p99 of five samples is the largest;
 * served cost: the lane's cost of each served request when the run knows it
   (the simulator does), otherwise its tokens; share = an org's served cost
   over all served cost;

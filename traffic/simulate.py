@@ -343,7 +343,8 @@ class _Worker:
         for r in moved:
             r.start += took
             r.version += 1
-        if running is not None and split is not None:
+        if running is not None and split is not None and running.offsets is not None:
+            # (split is set only where the running batch has offsets)
             running.offsets = [o + took if o > split else o for o in running.offsets]
             running.took += took
             running.paused_s += took
@@ -424,8 +425,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
 
     def arrive(r: TraceRecord) -> None:
         nonlocal next_state
-        base = {"id": r.id, "org": r.org, "endpoint": r.endpoint, "tokens": r.tokens,
-                "arrival_s": r.ts}
+        base: dict[str, Any] = {"id": r.id, "org": r.org, "endpoint": r.endpoint,
+                                "tokens": r.tokens, "arrival_s": r.ts}
         ep = config.endpoints.get(r.endpoint)
         org = config.orgs.get(r.org)
         reason = ("unknown_org" if org is None else "unknown_endpoint" if ep is None else
@@ -435,6 +436,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
             outcomes.append(Outcome(**base, tier=org.tier if org else "", status="invalid",
                                     reason=reason, completed_s=r.ts))
             return
+        assert org is not None  # else the reason above was unknown_org
         if s.admission is not None:
             if r.ts >= next_state:
                 # The state is constant between events: this is the state at the tick.
@@ -735,7 +737,7 @@ def run(args: argparse.Namespace) -> int:
         model = ("the calibrated model" if calibration is not None else
                  f"{args.overhead_ms:g} ms + {args.ms_per_token:g} ms/token (full batch: {fb})")
         slots = (", ".join(f"{ep} {pipeline.slots(ep) or args.slots}" for ep in config.endpoints)
-                 if fitted_slots else f"{args.slots}")
+                 if fitted_slots and pipeline is not None else f"{args.slots}")
         express = "" if policy == "fifo" else (", express batches" if args.express
                                                 else ", no express batches")
         print(f"\n## {policy}: {len(records)} requests, {args.workers} worker(s) x {slots} "

@@ -52,7 +52,14 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +146,7 @@ class _Once:
         return told
 
 
-async def _inline(fn, /, *args, **kwargs):
+async def _inline(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
@@ -243,15 +250,16 @@ class BatchExecutor:
                 yield [await self._rerank(batch, req, on_start=last,
                                           urgent=batch.express and i == 0)]
 
-    async def _model_call(self, fn, /, *args, **kwargs):
+    async def _model_call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """``fn`` run as a model call: after the calls handed over before it."""
         return (await self._timed_call(fn, *args, **kwargs))[0]
 
-    async def _timed_call(self, fn, /, *args, started: Sequence[_Pending] = (),
+    async def _timed_call(self, fn: Callable[..., Any], /, *args: Any,
+                          started: Sequence[_Pending] = (),
                           on_start: OnStart | None = None, expect_s: float | None = None,
                           on_begin: Callable[[Job | None], None] | None = None,
                           follows: Job | None = None, urgent: bool = False,
-                          **kwargs) -> tuple[Any, float]:
+                          **kwargs: Any) -> tuple[Any, float]:
         """A model call and the seconds it had the model (its time in the queue excluded).
 
         Handed to the model's thread at once (:mod:`worker.model_thread`),
@@ -286,7 +294,7 @@ class BatchExecutor:
             return out, time.perf_counter() - t0
         loop = asyncio.get_running_loop()
 
-        def call():
+        def call() -> Any:
             t0 = time.perf_counter()
             loop.call_soon_threadsafe(begin, _now_ms())
             try:
@@ -400,7 +408,8 @@ class BatchExecutor:
         return p.error is not None or p.refusal is not None
 
     @staticmethod
-    def _refuse_too_long(pending: list[_Pending], owner, lengths: list[int], limit: int) -> None:
+    def _refuse_too_long(pending: list[_Pending], owner: Sequence[tuple[int, int]],
+                         lengths: list[int], limit: int) -> None:
         """``truncate = "none"`` inputs the model would cut are ``invalid``, as at admission."""
         for k, (i, j) in enumerate(owner):
             p = pending[i]
@@ -430,9 +439,9 @@ class BatchExecutor:
             p.ranges = ranges
 
     @staticmethod
-    def _take_done(pending: list[_Pending], candidates) -> list[_Pending]:
+    def _take_done(pending: list[_Pending], candidates: Iterable[int]) -> list[_Pending]:
         """Requests that just became complete (or failed, or were refused), each reported once."""
-        out = []
+        out: list[_Pending] = []
         for i in candidates:
             p = pending[i]
             if not p.reported and (p.error is not None or p.refusal is not None or p.left <= 0):
@@ -440,7 +449,8 @@ class BatchExecutor:
                 out.append(p)
         return out
 
-    async def _lengths(self, texts: list[str], owner, pending: list[_Pending]) -> list[int]:
+    async def _lengths(self, texts: list[str], owner: Sequence[tuple[int, int]],
+                       pending: list[_Pending]) -> list[int]:
         model: Embedder = self.model  # type: ignore[assignment]  # kind "embed": an Embedder
         lengths = [0] * len(texts)
         by_prompt: dict[str | None, list[int]] = {}
@@ -474,7 +484,8 @@ class BatchExecutor:
             return list(model.token_lengths(texts))
         return list(model.token_lengths(texts, prompt=prompt))
 
-    async def _encode_group(self, model: Embedder, texts, lengths, idx: list[int], owner,
+    async def _encode_group(self, model: Embedder, texts: Sequence[str], lengths: Sequence[int],
+                            idx: list[int], owner: Sequence[tuple[int, int]],
                             pending: list[_Pending], on_start: OnStart | None = None,
                             on_begin: Callable[[Job | None], None] | None = None,
                             follows: Job | None = None, urgent: bool = False) -> list[int]:
@@ -492,8 +503,9 @@ class BatchExecutor:
             follows, urgent = None, False  # the next call is handed over after this one ended
         return touched
 
-    async def _encode_call(self, model: Embedder, texts, lengths, idx: list[int],
-                           options: EncodeOptions, owner, pending: list[_Pending],
+    async def _encode_call(self, model: Embedder, texts: Sequence[str], lengths: Sequence[int],
+                           idx: list[int], options: EncodeOptions,
+                           owner: Sequence[tuple[int, int]], pending: list[_Pending],
                            on_start: OnStart | None = None,
                            on_begin: Callable[[Job | None], None] | None = None,
                            follows: Job | None = None, urgent: bool = False) -> None:
@@ -528,7 +540,8 @@ class BatchExecutor:
             for row, k in enumerate(ks):
                 self._place(pending, owner[k], one.vectors[row], one.truncated[row])
 
-    def _account(self, seconds: float, idx, lengths, owner, pending, max_seq: int) -> None:
+    def _account(self, seconds: float, idx: Sequence[int], lengths: Sequence[int],
+                 owner: Sequence[tuple[int, int]], pending: list[_Pending], max_seq: int) -> None:
         capped = [min(lengths[k], max_seq) for k in idx]
         total = sum(capped) or 1
         for c, k in zip(capped, idx):
@@ -552,7 +565,8 @@ class BatchExecutor:
         return self.seconds_per_padded_token * padded
 
     @staticmethod
-    def _place(pending, where, vector, truncated: bool) -> None:
+    def _place(pending: list[_Pending], where: tuple[int, int], vector: np.ndarray,
+               truncated: bool) -> None:
         i, j = where
         p = pending[i]
         if p.vectors[j] is None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -106,7 +106,10 @@ def flag_truncated(lengths: Sequence[int], max_seq_length: int) -> list[bool]:
     return [length > max_seq_length for length in lengths]
 
 
-def _pick(items: Sequence, indices: Sequence[int]) -> list:
+T = TypeVar("T")
+
+
+def _pick(items: Sequence[T], indices: Sequence[int]) -> list[T]:
     return [items[i] for i in indices]
 
 
@@ -213,7 +216,8 @@ def _cosine(query: np.ndarray, docs: np.ndarray) -> np.ndarray:
     d_norm = np.linalg.norm(docs, axis=1)
     denom = d_norm * q_norm
     dots = docs @ query
-    return np.divide(dots, denom, out=np.zeros_like(dots), where=denom > 0)
+    scores: np.ndarray = np.divide(dots, denom, out=np.zeros_like(dots), where=denom > 0)
+    return scores
 
 
 class CosineReranker(Reranker):

@@ -69,9 +69,9 @@ def quantize(embeddings: np.ndarray, embedding_type: str,
         steps = (ranges[1, :] - starts) / 255
         steps = np.where(steps == 0, 1, steps)
         values = np.clip(np.floor((embeddings - starts) / steps), 0, 255)
-        if embedding_type == "uint8":
-            return values.astype(np.uint8)
-        return (values - 128).astype(np.int8)
+        quantized: np.ndarray = (values.astype(np.uint8) if embedding_type == "uint8"
+                                 else (values - 128).astype(np.int8))
+        return quantized
     if embedding_type == "binary":
         return (np.packbits(embeddings > 0, axis=-1) - 128).astype(np.int8)
     if embedding_type == "ubinary":

@@ -12,6 +12,7 @@ Pure apart from numpy.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def calibration_options(inp: EmbedInput) -> EncodeOptions | None:
 
 
 def embedding_fields(vectors: np.ndarray, inp: EmbedInput,
-                     ranges: Callable[[], np.ndarray] | None = None) -> dict:
+                     ranges: Callable[[], np.ndarray] | None = None) -> dict[str, Any]:
     """The Result fields for ``inp``'s float vectors (n, dim): every type asked, encoded.
 
     ``ranges()`` gives the int8/uint8 calibration ranges; called only when needed.

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 import uuid
@@ -40,6 +39,7 @@ from plumbing.kafka import EMBEDDED_SESSION, KafkaSettings
 from plumbing.logs import configure_logging
 from producer.client import FairnessClient
 from schemas.build import build_config
+from traffic.percentile import percentile
 
 __all__ = ["main"]
 
@@ -76,7 +76,7 @@ async def amain(n: int, idle_s: float, idle_ms: int) -> dict:
     sides = {}
     for w, v in ms.items():
         v.sort()
-        sides[str(w)] = {"p50_ms": statistics.median(v), "p90_ms": v[int(0.9 * len(v))],
+        sides[str(w)] = {"p50_ms": percentile(v, 50), "p90_ms": percentile(v, 90),
                          "max_ms": v[-1], "n": len(v)}
     return {"idle_s": idle_s, "waits_ms": list(waits), "sides": sides,
             "p50_ratio": sides[str(waits[1])]["p50_ms"] / sides[str(waits[0])]["p50_ms"]}

@@ -53,12 +53,20 @@ def _assert_one_result_each(figures: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("session_ms", [2000, 6000])
-async def test_crashes_at_full_length(session_ms: int):
-    """The documented run (``python bench/crash.py [--session-ms 6000]``): every request one
-    result, counted by id."""
-    figures = await run(rate=40, phase_s=8, session_ms=session_ms)
+async def test_crashes_at_full_length_with_the_default_session():
+    """The documented run at the default session (``python bench/crash.py --session-ms
+    6000``, the slowest recoveries): every request one result, counted by id, and each
+    recovery seen. Since CI runs the slow tests, the same run at a 2 s session is left to
+    the command: the test above runs those three kills at 2 s with 3 s phases."""
+    figures = await run(rate=40, phase_s=8, session_ms=6000)
     print(report(figures))
     _assert_one_result_each(figures)
-    assert figures["dispatched_twice_by_crash"]["scheduler"] == 0, report(figures)
+    assert figures["scheduler_first_result_s"] is not None, report(figures)
+    assert figures["admission_first_result_s"] is not None, report(figures)
+    # Issue 50: the new leader's first result within 2 s of the kill at the default
+    # session (python bench/crash.py --session-ms 6000 --rate 200 measures it); 3 s here,
+    # where CI shares its cores (11.45 s before: the bound still fails the group design).
+    assert figures["scheduler_first_result_s"] < 3, report(figures)
+    by_crash = figures["dispatched_twice_by_crash"]
+    assert by_crash["scheduler"] == 0 and by_crash["pause"] == 0, report(figures)
     assert figures["paused_served_after_successor"] == 0, report(figures)

@@ -1,7 +1,7 @@
 """Ten times the capacity offered: refused with reasons, held requests and memory bounded.
 
 ``bench/overload.py`` is the scenario (60 s in ``docs/reliability.md``); this
-is a 10 s run. Latency against the target is reported, not asserted (a
+is a 10 s run, and a 30 s one (slow). Latency against the target is reported, not asserted (a
 timing figure on a shared machine).
 """
 
@@ -46,8 +46,10 @@ async def test_overload_is_refused_with_a_reason_and_stays_bounded():
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_overload_for_a_minute():
-    """The documented run (``python bench/overload.py``): 60 s at 10x, bounded throughout."""
-    f = await run(seconds=60, factor=10)
+async def test_overload_sustained():
+    """The documented run (``python bench/overload.py``, 60 s) at half its length, since CI
+    runs it: 30 s at 10x, three times the short test's, the default max_held_requests,
+    bounded throughout (held requests and the scheduler's RSS flat over its second half)."""
+    f = await run(seconds=30, factor=10)
     print(report(f))
     _assert_bounded(f)
