@@ -33,6 +33,7 @@ up to ``drain_s``; any still waiting then get 503. None is dropped silently.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 import uuid
@@ -87,6 +88,12 @@ class GatewayServer:
         self.result_grace_ms = result_grace_ms
         self.ready = ready
         self.waiting = 0
+        # Read at scrape time: nothing per request.
+        metrics.waiting.set_function(lambda: self.waiting)
+        #: Request ids: random per process (no two gateways, or starts, share one),
+        #: then a counter: unique without a uuid4 per request.
+        self._id_prefix = uuid.uuid4().hex[:16] + "-"
+        self._ids = itertools.count(1)
         self.draining = False
         self.answered = 0
         self._sampler = LogSampler(log_lines_per_s)
@@ -199,13 +206,12 @@ class GatewayServer:
                 503, "gateway_full", f"{self.waiting} requests are waiting at this gateway "
                 "(max_waiting_requests); retry shortly", retry_after_ms=1000))
         deadline_ms = self._deadline_ms(request)
-        rid = uuid.uuid4().hex
+        rid = f"{self._id_prefix}{next(self._ids):x}"
         req = Request(id=rid, org=org, endpoint=call.endpoint, input=call.input,
                       priority=call.priority, deadline_ms=deadline_ms,
                       created_ms=int(time.time() * 1000), reply_to=self.client.reply_topic)
         self.waiting += 1
         self._idle.clear()
-        self.metrics.waiting.set(self.waiting)
         answered = False
         try:
             await self.client.submit(req)
@@ -226,7 +232,6 @@ class GatewayServer:
             if not answered:
                 self.client.abandon(rid)
             self.waiting -= 1
-            self.metrics.waiting.set(self.waiting)
             if self.waiting == 0:
                 self._idle.set()
         failure = failure_of(result)

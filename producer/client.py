@@ -510,7 +510,7 @@ def _input(kind: str, fields: dict[str, Any], options: dict[str, Any]) -> dict[s
 
 
 def _add_option_arguments(parser: argparse.ArgumentParser) -> None:
-    """The request options as flags (see README "Request options")."""
+    """The request options as flags (see docs/requests.md "Request options")."""
     group = parser.add_argument_group("request options")
     group.add_argument("--input-type", help="embed: a prompt the endpoint lists (Cohere's name)")
     group.add_argument("--prompt-name", help="embed: a prompt the endpoint lists")
