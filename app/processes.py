@@ -23,7 +23,8 @@ For failure tests and benchmarks: ``schedulers=2`` starts a hot standby
 (``scheduler-2``), ``workers=N`` runs N workers per endpoint
 (``worker-<endpoint>``, ``worker-<endpoint>-2``...), :meth:`ProcessStack.kill`
 crashes one process (SIGKILL) and :meth:`ProcessStack.restart` starts it
-again with the same arguments.
+again with the same arguments; :meth:`ProcessStack.pause` and
+:meth:`ProcessStack.resume` freeze one and let it go on (SIGSTOP, SIGCONT).
 """
 
 from __future__ import annotations
@@ -175,6 +176,14 @@ class ProcessStack:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         proc.wait()
+
+    def pause(self, name: str) -> None:
+        """Freeze ``name`` (SIGSTOP): a process that is only slow, as in a long GC pause."""
+        os.kill(self.pid(name), signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """Let a paused ``name`` run on (SIGCONT)."""
+        os.kill(self.pid(name), signal.SIGCONT)
 
     def restart(self, name: str) -> None:
         """Start ``name`` again (after :meth:`kill`) with its arguments, on a new port."""

@@ -12,14 +12,23 @@ of steady load between:
    dispatched); the killed one is restarted and becomes the standby;
 2. ``kill -9`` one worker, restart it after ``--phase-s``;
 3. ``kill -9`` admission, restart it at once (its successor waits for the dead
-   member's session to expire before it gets the ingress partitions).
+   member's session to expire before it gets the ingress partitions);
+4. pause the leading scheduler (SIGSTOP) for ``--pause-s`` (longer than the
+   leader silence), then let it go on (SIGCONT): the standby takes over
+   (measured as in 1.), and no batch of the paused leader's may be taken by
+   a worker after the first batch of its successor's was dispatched
+   (``paused_served_after_successor``, from the results' stamps).
 
 Load stops, the run waits for every result, and prints: requests sent,
 results received (by status), the requests counted by id (lost: submitted
 with no result; submit failed; handed over twice; results for ids never
 sent: each must be 0), copies the client dropped
 (``client.duplicates``), requests dispatched twice (in two batches, read back
-from the reply topic), and the recovery times.
+from the reply topic; counted against the crash that followed their
+submission), and the recovery times. Scheduler takeovers no longer depend on
+the group session (``--session-ms`` moves the workers' and admission's): the
+standby leads ``leader_silence_ms`` (``--silence-ms``, 1 s) after the
+leader's last beat.
 
 Run: ``python bench/crash.py`` (about 1.5 min on 2 cores; ``--json`` writes
 the figures). The CI test runs it with shorter phases.
@@ -31,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import sys
 import tempfile
 import time
@@ -84,16 +94,23 @@ def _first_result_after(load: Load, wall_ms: int, since_s: float) -> float | Non
 
 
 async def run(*, rate: float = 40.0, phase_s: float = 6.0, session_ms: int = 2000,
+              silence_ms: int = 1000, pause_s: float | None = None,
               model: str = "fake:ms_per_token=0.3,ms_per_batch=5", drain_s: float = 90.0,
               log: IO[str] | None = None, say=print) -> dict:
-    """The whole scenario; returns its figures."""
-    figures: dict = {"rate": rate, "phase_s": phase_s, "session_ms": session_ms}
+    """The whole scenario; returns its figures. ``pause_s``: how long the leader is frozen
+    in the last phase (default: 2.5 silences, at least 2 s)."""
+    pause_s = max(2.5 * silence_ms / 1000, 2.0) if pause_s is None else pause_s
+    if pause_s * 1000 <= silence_ms:
+        raise ValueError(f"pause_s ({pause_s}) must be longer than the silence ({silence_ms} ms)")
+    figures: dict = {"rate": rate, "phase_s": phase_s, "session_ms": session_ms,
+                     "silence_ms": silence_ms, "pause_s": pause_s}
     with tempfile.TemporaryDirectory() as tmp:
         cfg_path = Path(tmp) / "crash.toml"
         built = config(model=model, worker_timeout_ms=max(1500, session_ms + 500))
         cfg_path.write_text(built.text)
         env = {"SF_KAFKA_SESSION_TIMEOUT_MS": str(session_ms),
-               "SF_KAFKA_HEARTBEAT_INTERVAL_MS": str(max(100, session_ms // 4))}
+               "SF_KAFKA_HEARTBEAT_INTERVAL_MS": str(max(100, session_ms // 4)),
+               "SF_SCHEDULER_LEADER_SILENCE_MS": str(silence_ms)}
         async with EmbeddedBroker() as broker:
             kafka = KafkaSettings(bootstrap=broker.bootstrap, client_id="crash-bench")
             stack = ProcessStack(cfg_path, broker.bootstrap, endpoints=["embed"], log=log,
@@ -105,7 +122,7 @@ async def run(*, rate: float = 40.0, phase_s: float = 6.0, session_ms: int = 200
             async with FairnessClient(kafka, built.config) as client:
                 load = Load(client, ["acme", "bulk", "quiet"], rate).start()
                 try:
-                    await _scenario(stack, load, phase_s, figures, say)
+                    await _scenario(stack, load, phase_s, pause_s, figures, say)
                     load.stop_sending()
                     drained = await load.drain(drain_s)
                     figures["drained"] = drained
@@ -129,6 +146,7 @@ async def run(*, rate: float = 40.0, phase_s: float = 6.0, session_ms: int = 200
     twice = [rid for rid, b in batches.items() if len(b) > 1]
     figures["dispatched_twice"] = len(twice)
     figures["dispatched_twice_by_crash"] = _by_crash(twice, sent, figures["kills"])
+    figures.update(_paused_figures(sent, figures.pop("paused_instances", None)))
     figures["submit_errors"] = dict(load.submit_errors)
     # Scale-out: how the two workers (and the restarted one, a new id) shared the load.
     figures["served_by_worker"] = dict(Counter(o.result.worker for o in sent.values()
@@ -136,7 +154,8 @@ async def run(*, rate: float = 40.0, phase_s: float = 6.0, session_ms: int = 200
     return figures
 
 
-async def _scenario(stack: ProcessStack, load: Load, phase_s: float, figures: dict, say) -> None:
+async def _scenario(stack: ProcessStack, load: Load, phase_s: float, pause_s: float,
+                    figures: dict, say) -> None:
     kills = figures["kills"] = []
     await asyncio.sleep(phase_s)
     # 1. the active scheduler
@@ -186,6 +205,51 @@ async def _scenario(stack: ProcessStack, load: Load, phase_s: float, figures: di
     say(f"admission ready {figures['admission_ready_s']} s after the kill; first result of a "
         f"request sent after the kill {figures['admission_first_result_s']} s after it")
     await asyncio.sleep(phase_s)
+    # 4. the active scheduler, paused longer than the leader silence, then let go on
+    leader = await stack.leader()
+    standby = next(n for n in stack.procs if n.startswith("scheduler") and n != leader)
+    old = await _instance(stack, leader)
+    kill_ms, kill_s = int(time.time() * 1000), time.monotonic()
+    stack.pause(leader)
+    kills.append(("pause", kill_s))
+    say(f"paused {leader} (the leader, instance {old}) for {pause_s} s")
+    leads = asyncio.ensure_future(_until(lambda: _is_ready(stack, standby), 60))
+    try:
+        await asyncio.sleep(pause_s)
+    finally:
+        stack.resume(leader)
+    took = await leads
+    figures["paused_takeover_s"] = None if took is None else round(took, 2)
+    first = await _until(lambda: _first_result_after(load, kill_ms, kill_s) is not None, 30)
+    figures["paused_first_result_s"] = (
+        None if first is None else round(_first_result_after(load, kill_ms, kill_s), 2))
+    figures["paused_instances"] = (old, await _instance(stack, standby))
+    say(f"{standby} leads after {figures['paused_takeover_s']} s; first result of its batches "
+        f"{figures['paused_first_result_s']} s after the pause; {leader} resumed")
+    await asyncio.sleep(phase_s)
+    figures["paused_leader_stands_by"] = not (await stack.ready(leader))[0]
+
+
+async def _instance(stack: ProcessStack, name: str) -> str | None:
+    """The scheduler instance id a leading ``name`` names in its /readyz."""
+    with contextlib.suppress(Exception):
+        ok, why = await stack.ready(name)
+        if ok and (m := re.search(r"instance (\w+)", why)):
+            return m.group(1)
+    return None
+
+
+def _paused_figures(sent: dict, instances: tuple[str | None, str | None] | None) -> dict:
+    """Batches of the paused leader a worker took after its successor's first batch went out."""
+    if not instances or None in instances:
+        return {"paused_served_after_successor": None, "successor_first_dispatch_ms": None}
+    old, new = instances
+    results = [o.result for o in sent.values() if o.result is not None and o.result.batch_id]
+    first = min((r.dispatched_ms for r in results
+                 if r.batch_id.split("-")[0] == new and r.dispatched_ms), default=None)
+    late = [r for r in results if first is not None and r.batch_id.split("-")[0] == old
+            and (r.taken_ms or 0) >= first]
+    return {"paused_served_after_successor": len(late), "successor_first_dispatch_ms": first}
 
 
 def _by_crash(ids: list[str], sent: dict, kills: list[tuple[str, float]]) -> dict[str, int]:
@@ -228,6 +292,11 @@ def report(f: dict) -> str:
         f"worker restart             ready {f['worker_rejoin_s']} s after its restart",
         (f"admission restart          ready {f['admission_ready_s']} s, first new result "
          f"{f['admission_first_result_s']} s after the kill"),
+        (f"paused leader             successor leads {f.get('paused_takeover_s')} s after "
+         f"the SIGSTOP, first result {f.get('paused_first_result_s')} s; the paused "
+         f"leader's results taken after the successor's first batch: "
+         f"{f.get('paused_served_after_successor')}; it stands by after SIGCONT: "
+         f"{f.get('paused_leader_stands_by')}"),
         f"process died unexpectedly  {f['failed_process']}",
     ]
     return "\n".join(lines)
@@ -240,12 +309,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="steady load before and between crashes (default 8)")
     p.add_argument("--session-ms", type=int, default=2000,
                    help="consumer-group session of every service (default 2000)")
+    p.add_argument("--silence-ms", type=int, default=1000,
+                   help="the schedulers' leader_silence_ms (default 1000)")
+    p.add_argument("--pause-s", type=float, default=None,
+                   help="how long the leader is frozen in the last phase (default: 2.5 "
+                        "silences, at least 2 s)")
     p.add_argument("--log-file", default=None, help="keep the services' JSON logs here")
     p.add_argument("--json", default=None, help="write the figures to this file")
     args = p.parse_args(argv)
     with open(args.log_file or os.devnull, "w") as log:
         figures = asyncio.run(run(rate=args.rate, phase_s=args.phase_s,
-                                  session_ms=args.session_ms, log=log))
+                                  session_ms=args.session_ms, silence_ms=args.silence_ms,
+                                  pause_s=args.pause_s, log=log))
     print(report(figures))
     write_json(args.json, figures)
     return 0 if passed(figures) else 1

@@ -139,11 +139,12 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 10
     # The same for consumers that follow slowly changing state, off every
     # request's path: the scheduler's state snapshots (published every
-    # state_interval_ms, 250 by default) and the scheduler's leadership
-    # claims. A consumer with nothing to read sends a fetch every wait: at
+    # state_interval_ms, 250 by default); the leader partition is read with
+    # the smaller of this and a twentieth of the leader silence, since a beat
+    # read late delays a takeover (scheduler/leader.py). A consumer with nothing to read sends a fetch every wait: at
     # 10 ms one idle consumer took 6-8 % of a core on the 2-core machine,
     # at 100 ms about 1 % (docs/benchmarks.md, "What an idle pipeline
-    # costs"; bench/idle_cost.py for the whole pipeline), and the broker
+    # costs"; bench/investigations/idle_cost.py for the whole pipeline), and the broker
     # serves each.
     # A record already there is answered at once either way.
     follow_fetch_max_wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 200
@@ -347,6 +348,24 @@ class Consumer(AIOKafkaConsumer):
             if state is not None and state.has_valid_position:
                 positions[tp] = state.position
         return positions
+
+    def positions_now(self) -> dict[Any, int]:
+        """Each assigned partition's position where one is known, without fetching."""
+        return self._positions()
+
+    def caught_up(self) -> bool:
+        """True when every assigned partition has a position and a high watermark (from a
+        fetch answer) and the position has reached it: all that was there has been read."""
+        assignment = self._assignment()
+        if assignment is None:
+            return False
+        for tp in assignment.tps:
+            state = assignment.state_value(tp)
+            if state is None or not state.has_valid_position or state.highwater is None:
+                return False
+            if state.position < state.highwater:
+                return False
+        return True
 
     async def getmany(self, *partitions, timeout_ms: int = 0, max_records: int | None = None):
         loop = asyncio.get_running_loop()

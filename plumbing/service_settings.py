@@ -117,11 +117,12 @@ class SchedulerSettings(ServiceSettings, frozen=True):
         "worker runs next (scheduler/dispatch.py): a quiet org waits for the model call "
         "in progress, not for the batch queued behind it. DRR only; one per worker at a "
         "time.")] = True
-    leader_session_timeout_ms: Annotated[int | None, doc(
-        "Session of the leader group: a crashed leader is replaced about this long "
-        "(Tansu: ~1.5x) plus two group joins after it died; unset: the Kafka session "
-        "timeout. Apache Kafka refuses values below its group.min.session.timeout.ms "
-        "(6 s by default).")] = None
+    leader_silence_ms: Annotated[int, doc(
+        "A standby takes over after reading nothing from the leader for this long (the "
+        "leader beats every fifth of it and dispatches only within 0.7 of it after a "
+        "beat it read back): a crashed leader is replaced about this long after its last "
+        "beat, with no consumer-group session involved (docs/reliability.md).",
+        ge=50, le=600_000)] = 1000
     config_path: Annotated[str | None, doc(
         "The configuration file, reloaded on SIGHUP and when its modification time "
         "changes; unset: no file.")] = None
@@ -158,6 +159,14 @@ class WorkerSettings(ServiceSettings, frozen=True, kw_only=True):
         "commit here rather than run again elsewhere.", ge=0)] = 5.0
     drain_s: Annotated[float, doc(
         "How long a stop waits for the batches in hand to finish.", ge=0)] = 60.0
+    answered_window_s: Annotated[float, doc(
+        "A request id answered within this many seconds is not run again when a batch "
+        "brings it back (a batch redelivered after a rebalance, or written by a scheduler "
+        "that lost leadership while paused): skipped and counted in "
+        "sf_worker_duplicate_requests_total. 0: off.", ge=0)] = 300.0
+    answered_max_ids: Annotated[int, doc(
+        "Answered ids remembered at most for answered_window_s (the oldest go first): "
+        "about 100 bytes each.", ge=0)] = 200_000
     warm_up: Annotated[bool, doc(
         "Run a few batches of different shapes before joining the group: the first calls "
         "of a shape are slow (kernel selection, allocator growth), and the first real "

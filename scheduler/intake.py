@@ -1,12 +1,24 @@
 """The scheduler's intake: admitted requests from the tier topics into the core.
 
-One consumer (group ``<prefix>scheduler``, manual commits) reads every
-``requests.<tier>`` topic. Each record is decoded and pushed into the core
-at once; its offset is *held* (:mod:`plumbing.offsets`) until the service
+The leader reads every partition of every ``requests.<tier>`` topic with a
+consumer it assigns them to itself (no group membership, so no join and
+no session to wait for on a takeover). Its positions are committed to the
+group of its leadership, ``<prefix>scheduler.<epoch>``, that nobody
+subscribes to (:mod:`scheduler.takeover` says why that fences a deposed
+leader's commits). Each record is decoded and pushed into the core at
+once; its offset is *held* (:mod:`plumbing.offsets`) until the service
 reports the request done (its batch or its ``expired`` result acknowledged
 by the broker), and offsets are committed only up to the oldest held one.
 A crash therefore replays every request not yet done; a replayed id already
-held is ignored by the core.
+held is ignored by the core, and one a predecessor already wrote in a batch
+(``skip``, read by the takeover) is passed over.
+
+The **floor** (:attr:`TierIntake.commit_floor_ms`, carried by the leader's
+beats): a wall-clock time before which no batch holding a request at or
+after a committed position was written. It is the oldest ``received_ms``
+among the requests held at the last commit (later records of a partition
+are read after it), or the takeover's own floor for records replayed
+before the intake first caught up with the tier topics.
 
 Bad records never stop the loop: an undecodable one, or one for an endpoint
 this configuration does not know, goes to the dead-letter topic, and its
@@ -18,9 +30,8 @@ pauses its partitions (admission meanwhile rejects with ``overloaded``), and
 resumes below 90 % of it, so it does not flap at the limit. The overshoot is
 at most one fetch (``max_poll_records``).
 
-Held requests of a revoked partition are taken out of the core at once
-(the partition's next owner replays them), and :meth:`TierIntake.hand_back_all`
-does the same for everything when the scheduler stops leading.
+:meth:`TierIntake.hand_back_all` takes every held request out of the core
+when the scheduler stops leading (the next leader replays them).
 """
 
 from __future__ import annotations
@@ -29,17 +40,17 @@ import asyncio
 import contextlib
 import re
 import time
+from collections.abc import Callable
 
 import msgspec
 import structlog
-from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from structlog.contextvars import bound_contextvars
 
 from plumbing.bounded import within
 from plumbing.deadletter import send_dead_letter
-from plumbing.kafka import KafkaSettings, consumer_lag, in_group, make_consumer, stop_consumer
+from plumbing.kafka import KafkaSettings, consumer_lag, make_consumer, stop_consumer
 from plumbing.offsets import OffsetTracker
 from scheduler.core import Scheduler
 from scheduler.entry import Entry
@@ -90,17 +101,6 @@ async def send_result(producer, topic: str, result: Result, fmt: str) -> None:
         headers=[("content-type", content_type(fmt).encode())])
 
 
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, intake: TierIntake):
-        self.intake = intake
-
-    async def on_partitions_revoked(self, revoked):
-        await self.intake._on_revoked(list(revoked))
-
-    async def on_partitions_assigned(self, assigned):
-        self.intake._on_assigned(list(assigned))
-
-
 class TierIntake:
     """Reads the tier topics into ``core``; owns their offsets and commits.
 
@@ -129,6 +129,16 @@ class TierIntake:
         #: The tier topic's hop, sampled per fetch (the snapshot's ``hops_ms``).
         self.hops = HopTime()
         self._origin: dict[str, tuple[TopicPartition, int]] = {}
+        #: (partition, offset) of each held request -> its floor (see the module doc).
+        self._floor_at: dict[tuple[TopicPartition, int], int] = {}
+        #: Ids a predecessor already wrote in batches (read by the takeover).
+        self.skip: set[str] = set()
+        self.skipped = 0
+        self._takeover_floor_ms: int | None = None
+        self._replaying = False
+        #: The floor as of the last commit the broker acknowledged.
+        self.commit_floor_ms: int | None = None
+        self._may_commit: Callable[[], bool] = lambda: False
         self._end_offsets: dict[TopicPartition, int] = {}
         self._consumer = None
         self._producer = None
@@ -137,15 +147,32 @@ class TierIntake:
 
     # -- lifecycle -------------------------------------------------------------
 
-    async def start(self, kafka: KafkaSettings, producer) -> None:
+    async def start(self, kafka: KafkaSettings, producer, *, group: str,
+                    partitions: list[TopicPartition], positions: dict[TopicPartition, int],
+                    skip: set[str], floor_ms: int, may_commit: Callable[[], bool]) -> None:
+        """Read ``partitions`` from ``positions`` (the rest from their start), committing to
+        ``group`` while ``may_commit()``; ``skip``: ids already dispatched."""
         self._producer = producer
-        self._consumer = make_consumer(kafka, group_id=f"{self.topics.prefix}scheduler",
+        self._may_commit = may_commit
+        self.skip = skip
+        self.skipped = 0
+        self._takeover_floor_ms = self.commit_floor_ms = floor_ms
+        self._replaying = True
+        self._consumer = make_consumer(kafka, group_id=group,
                                        max_poll_records=self.max_poll_records)
-        self._consumer.subscribe(self.tier_topics(self.config), listener=_Listener(self))
         await self._consumer.start()
+        self._consumer.assign(partitions)
+        for tp in partitions:
+            if tp in positions:
+                self._consumer.seek(tp, positions[tp])
+        if unknown := [tp for tp in partitions if tp not in positions]:
+            await within(self._consumer.seek_to_beginning(*unknown), 10)
+        self.assigned = set(partitions)
+        log.info("tier_partitions_assigned", partitions=len(partitions), group=group,
+                 positions=len(positions), skip=len(skip))
 
     async def stop(self) -> None:
-        """Commit what is done (never a held request), then leave the group."""
+        """Commit what is done (never a held request, and only while leading), stop reading."""
         if self._consumer is None:
             return
         with contextlib.suppress(Exception):
@@ -164,41 +191,45 @@ class TierIntake:
         return [self.topics.tier(t) for t in config.tier_names]
 
     def reconfigure(self, config: Config) -> None:
-        """Follow a new configuration; new tiers mean a new subscription (a rebalance)."""
-        old = self.tier_topics(self.config)
+        """Follow a new configuration; a new tier's partitions are read from their start
+        once the caller adds them (:meth:`add_partitions`)."""
         self.config = config
         self._tiers = frozenset(config.tier_names)
         self._last_tier = config.tier_names[-1]
-        if self.tier_topics(config) != old and self._consumer is not None:
-            self._consumer.subscribe(self.tier_topics(config), listener=_Listener(self))
 
-    def _on_assigned(self, assigned: list[TopicPartition]) -> None:
-        self.assigned = set(assigned)
+    async def add_partitions(self, partitions: list[TopicPartition]) -> None:
+        """Read ``partitions`` too (from their start), keeping every position held now."""
+        consumer = self._consumer
+        new = [tp for tp in partitions if tp not in self.assigned]
+        if consumer is None or not new:
+            return
+        kept = consumer.positions_now()
+        consumer.assign([*self.assigned, *new])
+        for tp, pos in kept.items():
+            consumer.seek(tp, pos)
+        self.assigned |= set(new)
+        await within(consumer.seek_to_beginning(*new), 10)
         if self.paused:
-            self._consumer.pause(*assigned)
-        log.info("tier_partitions_assigned", partitions=len(assigned))
+            consumer.pause(*new)
+        log.info("tier_partitions_added", partitions=len(new))
 
-    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
-        lost = set(revoked)
-        # Bounded: after a broker restart the commit is retried for as long as
-        # the topic is missing, and the rebalance would wait with it.
-        with contextlib.suppress(Exception):
-            await within(self.commit(only=lost), _COMMIT_ON_REVOKE_S)
-        # The new owner replays these from the committed offset: dispatching
-        # them here too would serve them twice.
-        dropped = 0
-        for rid, (tp, _offset) in list(self._origin.items()):
-            if tp in lost:
-                del self._origin[rid]
-                e = self.core.remove(rid)
-                if e is not None:
-                    self.backlog.remove(e.payload.endpoint, e.tier, e.org, e.tokens)
-                    dropped += 1
-        for tp in revoked:
-            self.offsets.forget(tp)
-        self.assigned -= lost
-        if dropped:
-            log.info("held_requests_handed_back", requests=dropped, partitions=len(lost))
+    async def broker_lost(self) -> None:
+        """The broker lost its topics: what is held stays held (and is served); the new
+        partitions are read from their start.
+
+        Every held request's offset is held again in a fresh tracker: some
+        may be the new partitions' already (read between the broker's return
+        and this notice), and a commit must not pass them while they are
+        held. The old partitions' offsets make commits lag (a successor then
+        replays, and its workers skip what they answered), never run ahead.
+        """
+        self.offsets = OffsetTracker()
+        for tp, offset in self._origin.values():
+            self.offsets.hold(tp, offset)
+        consumer = self._consumer
+        if consumer is not None and self.assigned:
+            with contextlib.suppress(Exception):
+                await within(consumer.seek_to_beginning(*self.assigned), 10)
 
     # -- reading ---------------------------------------------------------------
 
@@ -215,6 +246,8 @@ class TierIntake:
             batches = await consumer.getmany(timeout_ms=1000,
                                              max_records=self.max_poll_records)
             if not batches:
+                if self._replaying and consumer.caught_up():
+                    self._replayed()
                 continue
             now_ms = int(time.time() * 1000)
             received: dict[str, int] = {}
@@ -238,9 +271,20 @@ class TierIntake:
                 self.totals["received"] += n
             if self.admitted_through_ms is not None and self.admitted_through_ms != newest:
                 self.hops.observe(now_ms - self.admitted_through_ms, now_ms / 1000)
+            if self._replaying and consumer.caught_up():
+                self._replayed()  # after this slice's records were held or skipped
             self.check_pressure()
             self.wake.set()
             await asyncio.sleep(0)  # the dispatcher goes first
+
+    def _replayed(self) -> None:
+        """The intake has read what the tier topics held at the takeover: what a predecessor
+        dispatched can no longer come up (a record written after the takeover's fences
+        was never in a batch a worker serves)."""
+        self._replaying = False
+        log.info("takeover_replayed", skipped=self.skipped, held=self.core.held,
+                 not_met=len(self.skip) - self.skipped)
+        self.skip = set()
 
     async def _take(self, tp: TopicPartition, rec) -> None:
         """One tier record into the core, or to the dead letters (what :meth:`run` does)."""
@@ -260,6 +304,12 @@ class TierIntake:
                                         max_bytes=self.config.service.max_message_bytes)
         except DecodeError as e:
             return e.reason, str(e)
+        if req.id in self.skip:
+            # A predecessor's batch holds it, and a worker serves that batch.
+            self.skipped += 1
+            self.totals["taken_over_dispatched"] = self.totals.get("taken_over_dispatched", 0) + 1
+            self.offsets.consumed(tp, rec.offset)
+            return None
         if self.admitted_through_ms is None or req.admitted_ms > self.admitted_through_ms:
             self.admitted_through_ms = req.admitted_ms
         lane = self.core.lanes.get(req.endpoint)
@@ -280,6 +330,8 @@ class TierIntake:
         if self.core.push(req.endpoint, entry):
             self.offsets.hold(tp, rec.offset)
             self._origin[req.id] = (tp, rec.offset)
+            floor = self._takeover_floor_ms if self._replaying else None
+            self._floor_at[(tp, rec.offset)] = now_ms if floor is None else min(floor, now_ms)
             self.backlog.add(req.endpoint, tier, req.org, req.tokens)
         else:
             self.totals["duplicates"] += 1
@@ -353,6 +405,10 @@ class TierIntake:
                 self.backlog.remove(e.payload.endpoint, e.tier, e.org, e.tokens)
                 dropped += 1
         self._origin.clear()
+        self._floor_at.clear()
+        self.skip = set()
+        self._replaying = False
+        self.commit_floor_ms = None
         self.offsets = OffsetTracker()
         self.assigned = set()
         self._end_offsets = {}
@@ -366,6 +422,7 @@ class TierIntake:
         origin = self._origin.pop(request_id, None)
         if origin is not None:
             self.offsets.release(*origin)
+            self._floor_at.pop(origin, None)
 
     def check_pressure(self) -> None:
         """Pause at max_held_requests, resume below 90 % of it."""
@@ -424,10 +481,28 @@ class TierIntake:
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit each partition up to its oldest held request (or all it read)."""
         consumer = self._consumer
-        if consumer is None or not in_group(consumer):
+        # No group membership to check (the consumer assigns itself): the
+        # service says whether this instance still leads within its lease.
+        if consumer is None or not self._may_commit():
             return
         offsets = {tp: off for tp, off in self.offsets.to_commit().items()
                    if tp in self.assigned and (only is None or tp in only)}
         if offsets:
+            floor = self._floor_now() if only is None else None
             await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()})
             self.offsets.committed(offsets)
+            if floor is not None:
+                # Every partition's committed position is now its oldest held one.
+                self.commit_floor_ms = floor
+
+    def _floor_now(self) -> int:
+        """The floor if every partition were committed now (see the module doc)."""
+        now_ms = int(time.time() * 1000)
+        idle = self._takeover_floor_ms if self._replaying else now_ms
+        floor = now_ms if idle is None else idle
+        for tp in self.assigned:
+            if self.offsets.held(tp):
+                at = self._floor_at.get((tp, self.offsets.committable(tp)))
+                if at is not None:
+                    floor = min(floor, at)
+        return floor

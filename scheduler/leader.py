@@ -1,221 +1,121 @@
-"""Active/standby schedulers: leadership through a Kafka consumer group.
+"""Active/standby schedulers: leadership by the leader's own heartbeat on a Kafka log.
 
-No coordinator beyond Kafka. Every scheduler instance joins the consumer
-group ``<prefix>scheduler-leader`` on the one-partition topic
-``<prefix>scheduler-leader``; the instance the group assigns partition 0 to
-is the **leader**. Only the leader joins the tier group and dispatches; the
-others are **standbys**: they read the worker events all along (so their
-slot registry is warm) and wait.
+No coordinator beyond Kafka, and no consumer group: group sessions cannot
+go below Apache Kafka's ``group.min.session.timeout.ms`` (6 s by default),
+and a takeover that waits for the group to notice a dead member took about
+two sessions. Instead every scheduler reads the one-partition topic
+``<prefix>scheduler-leader`` from its recent records on, and folds it with
+:class:`scheduler.leadership.LeaderLog` (the rules are there):
 
-Terms
------
+* the **leader** writes a ``beat`` every ``leader_silence_ms / 5``, and
+  dispatches only while its **lease** holds: 0.7 ``leader_silence_ms``
+  after sending a beat it has read back as valid (:class:`Lease`);
+* a **standby** that read nothing from the leader for ``leader_silence_ms``
+  (or read its ``resign``) while it could read the partition (fetches
+  answered, the position not beyond the end: a broker that is down or lost
+  its topics is not a silent leader), and has read the partition to its
+  end, writes a ``claim`` after the leader's epoch and reads the log back
+  to it: the first claim for that succession wins, and only the winner goes
+  on;
+* the winner beats at once, runs the service's takeover
+  (``on_elected``: the predecessor's tier positions, fences on the batch
+  partitions, what the predecessor dispatched; :mod:`scheduler.takeover`)
+  and then leads;
+* a leader that reads a newer leader in the log (it was paused, or its
+  beats were late) stops at once (``on_deposed``); a leader that stops
+  cleanly writes ``resign``.
 
-* **Epoch.** A leader's number, higher than every earlier leader's: the
-  larger of the wall clock in milliseconds at the takeover and one more than
-  the highest epoch claimed so far in the leader partition (read before
-  claiming), so it also grows across clock skew and after a broker restart
-  that lost the partition. Batches (``Batch.epoch``) and snapshots
-  (``SchedulerState.epoch``) carry it.
-* **Claim.** Before dispatching, a new leader writes a
-  :class:`~schemas.messages.LeaderClaim` with its epoch to the partition and
-  waits for the acknowledgement.
-* **Sticky assignment.** The group's assignor gives partition 0 to the
-  member that already leads (each member's join metadata carries the epoch
-  it leads with, or nothing), the highest epoch if two claim, else to the
-  smallest member id. So a standby joining or leaving does not move
-  leadership, and a member that was expelled while it still believed it led
-  loses to the leader elected meanwhile.
-
-Transitions, as the callbacks see them
---------------------------------------
-
-* ``on_suspend`` (sync): the group is rebalancing and this instance led.
-  Kafka revokes everything before every rebalance, so leadership is in
-  doubt: dispatch stops at once, nothing else changes.
-* ``on_resume`` (sync): the rebalance gave partition 0 back: leadership never
-  passed to anyone else (assignments are exclusive per generation), so the
-  same epoch continues.
-* ``on_elected(epoch)`` (async): partition 0 is newly ours and the claim is
-  acknowledged.
-* ``on_deposed`` (async): the rebalance gave partition 0 to someone else.
-  The service hands back everything it holds (the new leader replays it
-  from the committed tier offsets).
-
-How fast a standby takes over
------------------------------
-
-After a clean stop (``LeaveGroup``) within one group join (Tansu holds a
-join for ``session_timeout_ms / 2``). After a crash (SIGKILL), only once the
-group notices the dead member: after its session timeout (Tansu: ~1.5x the
-session), then a join, then the tier group's join. The leader group has a
-session timeout of its own for that reason (``leader_session_timeout_ms``).
-
-The lease: no two leaders at once
----------------------------------
-
-A leader that stalls (a long pause, a partition from the group coordinator)
-for longer than its session is expelled and a standby takes over; when it
-wakes, it would learn that only at its next heartbeat. So leadership also
-needs a **lease**: :meth:`LeaderElection.lease_valid` is true only within
-two thirds of a session after the last heartbeat (or join) the coordinator
-accepted. An accepted heartbeat proves this instance still held partition
-0 in the group's current generation, and the group can expel it only a full
-session after that heartbeat, so the old leader stops dispatching before a
-new one can be elected (assuming clocks that run at about the same rate).
-As a backstop, workers drop a batch of an older epoch that follows a newer
-epoch's batch on the same partition (see :meth:`worker.service.WorkerService._fenced`).
+Transitions: ``standby`` -> ``claiming`` -> ``taking_over`` -> ``leading``
+-> (deposed) ``standby``. :attr:`LeaderElection.state` and ``epoch`` are
+changed by :meth:`LeaderElection.run` alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import struct
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 
 import structlog
-from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
-from aiokafka.coordinator.protocol import (
-    ConsumerProtocolMemberAssignment,
-    ConsumerProtocolMemberMetadata,
-)
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from plumbing.bounded import within
+from plumbing.bounded import cancel_within, within
 from plumbing.kafka import KafkaSettings, make_consumer, stop_consumer
+from scheduler.leadership import LeaderLog, Lease, next_epoch
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.messages import LeaderClaim
 
-__all__ = ["LeaderElection", "choose_leader", "next_epoch"]
+__all__ = ["LeaderElection", "next_epoch"]
 
 log = structlog.get_logger("scheduler")
 
 _claim_codec = codec_for(LeaderClaim)
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
-_EPOCH = struct.Struct(">q")
-
-
-def next_epoch(now_ms: int, highest_claimed: int, own_last: int = 0) -> int:
-    """A new leader's epoch: above every claim seen and our own last, at least the clock."""
-    return max(now_ms, highest_claimed + 1, own_last + 1)
-
-
-def choose_leader(claims: Mapping[str, int]) -> str | None:
-    """The member that gets partition 0, from each member's claimed epoch (0: none).
-
-    The highest claim wins (the current leader, or the newest of two); with
-    no claim, the smallest member id (any fixed rule would do).
-    """
-    if not claims:
-        return None
-    return min(claims, key=lambda m: (-claims[m], m))
-
-
-class _KeepLeaderAssignor(AbstractPartitionAssignor):
-    """Every partition of the leader topic to :func:`choose_leader`'s member.
-
-    aiokafka calls assignors as classes; :meth:`LeaderElection.__init__`
-    derives one subclass per instance so that its metadata says what this
-    instance claims.
-    """
-
-    name = "sf-keep-leader"
-    version = 0
-    claimed: Callable[[], int] = staticmethod(lambda: 0)
-
-    @classmethod
-    def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
-        epoch = cls.claimed()
-        return ConsumerProtocolMemberMetadata(cls.version, sorted(topics),
-                                              _EPOCH.pack(epoch) if epoch else b"")
-
-    @classmethod
-    def assign(cls, cluster, members: Mapping[str, ConsumerProtocolMemberMetadata]
-               ) -> dict[str, ConsumerProtocolMemberAssignment]:
-        claims = {m: _decode_epoch(md.user_data) for m, md in members.items()}
-        leader = choose_leader(claims)
-        topics = sorted({t for md in members.values() for t in md.subscription})
-        out = {}
-        for member in members:
-            parts = []
-            if member == leader:
-                for t in topics:
-                    ps = cluster.partitions_for_topic(t)
-                    if ps:
-                        parts.append((t, sorted(ps)))
-            out[member] = ConsumerProtocolMemberAssignment(cls.version, parts, b"")
-        return out
-
-    @classmethod
-    def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
-        pass
-
-
-def _decode_epoch(data: bytes | None) -> int:
-    if not data or len(data) != _EPOCH.size:
-        return 0
-    return max(0, _EPOCH.unpack(data)[0])
-
-
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, election: LeaderElection):
-        self.election = election
-
-    async def on_partitions_revoked(self, revoked):
-        self.election._revoked()
-
-    async def on_partitions_assigned(self, assigned):
-        await self.election._assigned(list(assigned))
+#: Records of the leader partition read at start: this far back (a leader
+#: beats five times per silence, so any live one is in it).
+_LOOKBACK_S = 60.0
+#: The lease, as a share of the silence: what is left of the silence after it
+#: (0.3 s at 1 s) covers a batch checked against the lease just before it ends
+#: and written a little later, before a successor could claim.
+_LEASE_SHARE = 0.7
+#: The longest the broker may hold a read of the leader partition, as a share of
+#: the silence: a beat is read back (renewing the lease) or noticed missing
+#: within about this much (the embedded broker holds an empty fetch for its
+#: whole wait).
+_FETCH_WAIT_SHARE = 0.05
+#: Shortest wait of one read of the leader partition.
+_MIN_WAIT_S = 0.01
+#: Longest wait for a claim of ours to be read back before it counts as lost.
+_CLAIM_READ_BACK_S = 5.0
 
 
 class LeaderElection:
-    """This instance's membership in the leader group, and the transitions it sees.
+    """This instance's view of the leader partition, and the transitions it makes.
 
-    Fixed at creation: the topic, the instance id, the callbacks. ``state``
-    (``standby``, ``electing``, ``leading``, ``suspended``) and ``epoch``
-    are changed by the listener and :meth:`run` alone.
+    Fixed at creation: the topic, the instance id, the callbacks, the
+    silence. ``floor`` (a callable) and ``fenced_ms`` are the service's: what
+    each beat says (see LeaderClaim).
     """
 
-    def __init__(self, kafka: KafkaSettings, topic: str, group: str, instance: str, producer, *,
+    def __init__(self, kafka: KafkaSettings, topic: str, instance: str, producer, *,
                  on_elected: Callable[[int], Awaitable[None]],
                  on_deposed: Callable[[], Awaitable[None]],
-                 on_suspend: Callable[[], None], on_resume: Callable[[], None],
-                 session_timeout_ms: int | None = None,
-                 heartbeat_interval_ms: int | None = None,
-                 registry: CollectorRegistry | None = None):
+                 silence_ms: int, registry: CollectorRegistry | None = None):
+        if silence_ms < 50:
+            raise ValueError(f"leader_silence_ms must be at least 50, got {silence_ms}")
         self.kafka = kafka
         self.topic = topic
-        self.group = group
         self.instance = instance
         self.producer = producer
         self.on_elected = on_elected
         self.on_deposed = on_deposed
-        self.on_suspend = on_suspend
-        self.on_resume = on_resume
-        self.session_timeout_ms = session_timeout_ms or kafka.session_timeout_ms
-        self.heartbeat_interval_ms = heartbeat_interval_ms or min(
-            kafka.heartbeat_interval_ms, self.session_timeout_ms // 3)
+        self.silence_s = silence_ms / 1000
+        self.beat_every_s = self.silence_s / 5
+        self.log = LeaderLog(self.silence_s)
+        self.lease = Lease(self.silence_s * _LEASE_SHARE)
         self.state = "standby"
         self.epoch = 0
-        #: Highest epoch read from the leader partition.
-        self.highest_claimed = 0
         #: When this instance last became leader (epoch ms), for the takeover figure.
         self.elected_ms: int | None = None
-        #: Lease length, two thirds of the session; None where aiokafka's
-        #: heartbeat cannot be observed (then leadership rests on the revocation alone).
-        self.lease_s: float | None = self.session_timeout_ms / 1000 * 2 / 3
-        self._confirmed = 0.0
-        self._lapsed = False
+        #: What the beats say (set by the service).
+        self.floor: Callable[[], int | None] = lambda: None
+        self.fenced_ms: int | None = None
         self._tp = TopicPartition(topic, 0)
-        self._generation = 0
-        self._wake = asyncio.Event()
         self._consumer = None
-        self._assignor = type("KeepLeaderAssignor", (_KeepLeaderAssignor,),
-                              {"claimed": staticmethod(self._claimed)})
+        self._claim: LeaderClaim | None = None
+        self._claim_offset: int | None = None
+        self._claim_sent_s = 0.0
+        self._beats: dict[int, float] = {}  # beat sent_ms -> monotonic send time
+        self._beat_task: asyncio.Task | None = None
+        self._next_beat_s = 0.0
+        self._takeover: asyncio.Task | None = None
+        self._lapsed = False
+        #: Since when (monotonic) this instance has been reading the partition without a
+        #: break (None: it is not): silence counts only while it can read.
+        self._reading_since: float | None = None
         r = registry if registry is not None else CollectorRegistry()
         self._leader_gauge = Gauge("sf_scheduler_leader",
                                    "1 while this instance is the active scheduler", registry=r)
@@ -227,150 +127,268 @@ class LeaderElection:
 
     @property
     def consumer(self):
-        """The leader-group consumer while started (for the topic keeper), else None."""
+        """The leader-partition reader while started (for the topic keeper), else None."""
         return self._consumer
 
     @property
     def leading(self) -> bool:
         return self.state == "leading"
 
-    def _claimed(self) -> int:
-        return self.epoch if self.state in ("leading", "suspended") else 0
-
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        self._consumer = make_consumer(
-            self.kafka, group_id=self.group, follower=True, session_timeout_ms=self.session_timeout_ms,
-            heartbeat_interval_ms=self.heartbeat_interval_ms,
-            partition_assignment_strategy=(self._assignor,))
-        self._consumer.subscribe([self.topic], listener=_Listener(self))
+        """Read the leader partition from its recent records on."""
+        # Silence is measured from when a beat is read: a reader that waits
+        # long on an empty fetch learns of each beat late (the embedded broker
+        # holds an empty fetch for its whole wait).
+        wait = min(self.kafka.follow_fetch_max_wait_ms,
+                   max(10, int(self.silence_s * 1000 * _FETCH_WAIT_SHARE)))
+        self._consumer = make_consumer(self.kafka, group_id=None, follower=True,
+                                       fetch_max_wait_ms=wait)
         await self._consumer.start()
-        self._observe_heartbeats()
-        log.info("leader_election_joined", group=self.group, instance=self.instance,
-                 session_timeout_ms=self.session_timeout_ms)
+        await self.seek_recent()
+        log.info("leader_log_followed", topic=self.topic, instance=self.instance,
+                 silence_ms=round(self.silence_s * 1000))
+
+    async def seek_recent(self) -> None:
+        """Read from the first record younger than the lookback (a broker that lost its
+        topics: from the new partition's start); silence counts from now."""
+        consumer = self._consumer
+        consumer.assign([self._tp])
+        since_ms = int((time.time() - _LOOKBACK_S) * 1000)
+        try:
+            found = await within(consumer.offsets_for_times({self._tp: since_ms}), 5)
+            hit = found.get(self._tp)
+            if hit is not None:
+                consumer.seek(self._tp, hit.offset)
+            else:
+                end = (await within(consumer.end_offsets([self._tp]), 5)).get(self._tp)
+                if end is not None:
+                    consumer.seek(self._tp, end)
+        except (KafkaError, TimeoutError) as e:
+            log.warning("leader_log_seek_failed", error=repr(e))
+        self.log.start(time.monotonic())
 
     async def stop(self) -> None:
-        """Leave the group (a standby takes over within one join)."""
+        """Resign if leading (a standby claims at once), then stop reading."""
+        if self._takeover is not None:
+            await cancel_within([self._takeover], 5.0, "the takeover to end", log=log)
+        if self.state in ("leading", "taking_over") and self.producer is not None:
+            rec = LeaderClaim(instance=self.instance, epoch=self.epoch, kind="resign",
+                              sent_ms=int(time.time() * 1000))
+            with contextlib.suppress(KafkaError, TimeoutError):
+                await within(self._send(rec), 3.0)
+                log.info("leadership_resigned", epoch=self.epoch, instance=self.instance)
+        if self._beat_task is not None:
+            await cancel_within([self._beat_task], 2.0, "a beat to end", log=log)
+        self.lease.end()
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await stop_consumer(self._consumer)
             self._consumer = None
         self._set("standby", count=False)
 
+    # -- the loop ----------------------------------------------------------------
+
     async def run(self) -> None:
-        """Read claims; finish an election once the partition is read to its end."""
-        consumer = self._consumer
+        """Read the log; beat while leading; claim after the leader's silence."""
         while True:
+            consumer = self._consumer
+            now = time.monotonic()
+            wait_s = self.beat_every_s / 2
+            if self.state in ("leading", "taking_over"):
+                wait_s = min(wait_s, self._next_beat_s - now)
+            # Never 0: a fetch that may not wait returns without yielding, and a
+            # beat still in flight would then never be sent (the loop spins).
+            wait_s = max(_MIN_WAIT_S, wait_s)
             try:
-                got = await consumer.getmany(timeout_ms=200)
+                got = await consumer.getmany(self._tp, timeout_ms=int(wait_s * 1000))
             except KafkaError as e:
-                log.warning("leader_claims_fetch_failed", error=repr(e))
-                await asyncio.sleep(0.5)
+                log.warning("leader_log_fetch_failed", error=repr(e))
+                await asyncio.sleep(0.2)
                 continue
+            now = time.monotonic()
             for rec in got.get(self._tp, []):
-                try:
-                    claim = _claim_codec.decode_record(rec.value, rec.headers)
-                except DecodeError:
-                    continue
-                self.highest_claimed = max(self.highest_claimed, claim.epoch)
-            if self.state == "electing" and await self._caught_up():
-                await self._claim(self._generation)
+                self._read(rec, now)
+            await self._step(now)
+
+    def _read(self, rec, now: float) -> None:
+        try:
+            claim = _claim_codec.decode_record(rec.value, rec.headers)
+        except DecodeError as e:
+            log.warning("leader_record_undecodable", offset=rec.offset, error=str(e)[:200])
+            return
+        seen = self.log.apply(claim, now)
+        ours = claim.instance == self.instance and claim.epoch == self.epoch
+        if ours and claim.kind == "beat" and seen == "beat":
+            sent = self._beats.pop(claim.sent_ms, None)
+            if sent is not None:
+                self.lease.confirmed(sent)
+        if self._claim is not None and rec.offset == self._claim_offset:
+            self._claim_read(seen)
+
+    def _claim_read(self, seen: str) -> None:
+        claim, self._claim, self._claim_offset = self._claim, None, None
+        if seen != "claim_won":
+            log.info("leader_claim_lost", epoch=claim.epoch, after=claim.after,
+                     leader=self.log.current.instance if self.log.current else None)
+            self._set("standby", count=False)
+            return
+        self.epoch = claim.epoch
+        self.elected_ms = claim.sent_ms
+        self.lease.confirmed(self._claim_sent_s)
+        self._epoch_gauge.set(claim.epoch)
+        self._set("taking_over", count=False)
+        self._next_beat_s = 0.0
+        log.warning("leadership_acquired", epoch=claim.epoch, after=claim.after,
+                    instance=self.instance)
+        self._takeover = asyncio.create_task(self._take_over(claim.epoch), name="takeover")
+
+    async def _step(self, now: float) -> None:
+        if self.state in ("leading", "taking_over"):
+            if not self.log.leads(self.instance, self.epoch):
+                await self._deposed()
+                return
+            if now >= self._next_beat_s and (self._beat_task is None or self._beat_task.done()):
+                self._next_beat_s = now + self.beat_every_s
+                self._beat_task = asyncio.create_task(self._beat(), name="leader-beat")
+            if self.state == "leading":
+                self.lease_valid()  # logs a lapse
+            return
+        if self.state == "claiming":
+            if time.monotonic() - self._claim_sent_s > _CLAIM_READ_BACK_S:
+                log.warning("leader_claim_unread", epoch=self._claim.epoch if self._claim else 0)
+                self._claim = self._claim_offset = None
+                self._set("standby", count=False)
+            return
+        reading = self._reading(now)
+        if (reading and now - self._reading_since >= self.silence_s and self.log.silent(now)
+                and await self._caught_up()):
+            await self._send_claim()
+
+    def _reading(self, now: float) -> bool:
+        """True while the partition answers: a fetch answered within half a silence, and
+        the position not beyond its end (a broker that lost the partition answers a read
+        there with nothing, and a standby would take the leader's beats for silence)."""
+        consumer = self._consumer
+        try:
+            polled_ms = consumer.last_poll_timestamp(self._tp)
+        except AssertionError:  # not assigned (yet)
+            polled_ms = None
+        high = consumer.highwater(self._tp)
+        pos = consumer.positions_now().get(self._tp)
+        ok = (polled_ms is not None and time.time() * 1000 - polled_ms < self.silence_s * 500
+              and high is not None and pos is not None and pos <= high)
+        if not ok:
+            self._reading_since = None
+        elif self._reading_since is None:
+            self._reading_since = now
+        return ok
+
+    def broker_lost(self) -> None:
+        """The broker lost its topics: silence counts again from reading the new partition
+        (the leader's beats resume once the topic is back)."""
+        self._reading_since = None
+
+    async def _caught_up(self) -> bool:
+        high = self._consumer.highwater(self._tp)
+        try:
+            pos = await within(self._consumer.position(self._tp), 1)
+        except (KafkaError, TimeoutError):
+            return False
+        # No fetch answered yet (an empty partition): Kafka reports no high watermark.
+        return high is None and pos == 0 or high is not None and pos >= high
+
+    async def _send_claim(self) -> None:
+        claim = self.log.claim(self.instance, int(time.time() * 1000), self.epoch)
+        cur = self.log.current
+        log.info("leader_silent", leader=cur.instance if cur else None,
+                 epoch=cur.epoch if cur else 0, resigned=bool(cur and cur.resigned),
+                 claiming=claim.epoch)
+        self._set("claiming", count=False)
+        self._claim_sent_s = time.monotonic()
+        try:
+            md = await self._send(claim)
+        except (KafkaError, TimeoutError) as e:
+            log.warning("leader_claim_failed", error=repr(e))
+            self._set("standby", count=False)
+            await asyncio.sleep(0.2)
+            return
+        self._claim, self._claim_offset = claim, md.offset
+
+    async def _take_over(self, epoch: int) -> None:
+        try:
+            await self.on_elected(epoch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a failed takeover gives leadership up
+            log.error("takeover_failed", epoch=epoch, error=repr(e))
+            await self._resign_after_failure(epoch)
+            return
+        if self.state == "taking_over" and self.epoch == epoch:
+            self._set("leading")
+            log.info("leading", epoch=epoch, instance=self.instance)
+
+    async def _resign_after_failure(self, epoch: int) -> None:
+        rec = LeaderClaim(instance=self.instance, epoch=epoch, kind="resign",
+                          sent_ms=int(time.time() * 1000))
+        with contextlib.suppress(KafkaError, TimeoutError):
+            await within(self._send(rec), 3.0)
+        self._drop_leadership()
+        await self.on_deposed()
+
+    async def _deposed(self) -> None:
+        cur = self.log.current
+        log.warning("leadership_lost", epoch=self.epoch, instance=self.instance,
+                    successor=cur.instance if cur else None,
+                    successor_epoch=cur.epoch if cur else 0)
+        if self._takeover is not None and not self._takeover.done():
+            await cancel_within([self._takeover], 5.0, "the takeover to end", log=log)
+        self._drop_leadership()
+        self._set("standby")
+        await self.on_deposed()
+
+    def _drop_leadership(self) -> None:
+        self.lease.end()
+        self.epoch = 0
+        self.fenced_ms = None
+        self._reading_since = None  # silence counts afresh, from reading as a standby
+        self._epoch_gauge.set(0)
+        self._beats.clear()
+        self._takeover = None
+        self._set("standby", count=False)
+
+    async def _beat(self) -> None:
+        now_ms = int(time.time() * 1000)
+        rec = LeaderClaim(instance=self.instance, epoch=self.epoch, kind="beat", sent_ms=now_ms,
+                          after=(cur.after if (cur := self.log.current) is not None else 0),
+                          floor_ms=self.floor(), fenced_ms=self.fenced_ms)
+        self._beats[now_ms] = time.monotonic()
+        while len(self._beats) > 64:
+            del self._beats[next(iter(self._beats))]
+        try:
+            await self._send(rec)
+        except (KafkaError, TimeoutError) as e:
+            log.warning("leader_beat_failed", epoch=rec.epoch, error=repr(e))
+
+    async def _send(self, rec: LeaderClaim):
+        return await within(self.producer.send_and_wait(
+            self.topic, _claim_codec.encode(rec), key=self.instance.encode(), partition=0,
+            headers=_MSGPACK_HEADERS), self.kafka.produce_timeout_ms / 1000 + 1)
 
     # -- the lease ---------------------------------------------------------------
 
     def lease_valid(self) -> bool:
-        """True within ``lease_s`` of the last heartbeat or join the coordinator accepted."""
-        if self.lease_s is None:
-            return True
-        valid = time.monotonic() - self._confirmed < self.lease_s
+        """True within the lease of a beat (or the claim) read back as valid."""
+        valid = self.lease.valid(time.monotonic())
         if not valid and not self._lapsed and self.state == "leading":
             self._lapsed = True
-            log.warning("leader_lease_lapsed", epoch=self.epoch, lease_s=round(self.lease_s, 2))
-        return valid
-
-    def _confirm(self) -> None:
-        self._confirmed = time.monotonic()
-        if self._lapsed:
+            log.warning("leader_lease_lapsed", epoch=self.epoch,
+                        lease_s=round(self.lease.length_s, 3))
+        elif valid and self._lapsed:
             self._lapsed = False
-            if self.state == "leading":
-                log.info("leader_lease_renewed", epoch=self.epoch)
-                self.on_resume()
-
-    def _observe_heartbeats(self) -> None:
-        """Note each accepted heartbeat (aiokafka 0.14 internals, read defensively)."""
-        coordinator = getattr(self._consumer, "_coordinator", None)
-        beat = getattr(coordinator, "_do_heartbeat", None)
-        if beat is None:
-            self.lease_s = None
-            log.warning("leader_lease_unavailable",
-                        detail="cannot observe heartbeats; relying on revocation alone")
-            return
-
-        async def heartbeat():
-            ok = await beat()
-            if ok:
-                self._confirm()
-            return ok
-        coordinator._do_heartbeat = heartbeat
-
-    # -- transitions -------------------------------------------------------------
-
-    def _revoked(self) -> None:
-        self._generation += 1
-        if self.state == "leading":
-            self._set("suspended")
-            self.on_suspend()
-        elif self.state == "electing":
-            self._set("standby", count=False)
-
-    async def _assigned(self, assigned: list[TopicPartition]) -> None:
-        self._generation += 1
-        self._confirm()  # the join and sync just succeeded
-        ours = self._tp in assigned
-        if ours and self.state == "suspended":
-            self._set("leading", count=False)
-            log.info("leadership_kept", epoch=self.epoch, instance=self.instance)
-            self.on_resume()
-        elif ours:
-            self._set("electing", count=False)
-        elif self.state == "suspended":
-            self._set("standby")
-            log.warning("leadership_lost", epoch=self.epoch, instance=self.instance)
-            self.epoch = 0
-            self._epoch_gauge.set(0)
-            await self.on_deposed()
-
-    async def _caught_up(self) -> bool:
-        high = self._consumer.highwater(self._tp)
-        if high is None:
-            return False
-        try:
-            return await within(self._consumer.position(self._tp), 1) >= high
-        except (KafkaError, TimeoutError):
-            return False
-
-    async def _claim(self, generation: int) -> None:
-        now_ms = int(time.time() * 1000)
-        epoch = next_epoch(now_ms, self.highest_claimed, self.epoch)
-        claim = LeaderClaim(instance=self.instance, epoch=epoch, sent_ms=now_ms)
-        try:
-            await self.producer.send_and_wait(self.topic, _claim_codec.encode(claim),
-                                              key=self.instance.encode(), partition=0,
-                                              headers=_MSGPACK_HEADERS)
-        except KafkaError as e:
-            log.warning("leader_claim_failed", error=repr(e))
-            await asyncio.sleep(0.5)
-            return
-        if generation != self._generation or self.state != "electing":
-            return  # a rebalance came in between: its outcome decides
-        self.highest_claimed = max(self.highest_claimed, epoch)
-        self.epoch = epoch
-        self.elected_ms = now_ms
-        self._epoch_gauge.set(epoch)
-        self._set("leading")
-        log.warning("leadership_acquired", epoch=epoch, instance=self.instance)
-        await self.on_elected(epoch)
+            log.info("leader_lease_renewed", epoch=self.epoch)
+        return valid
 
     def _set(self, state: str, *, count: bool = True) -> None:
         self.state = state

@@ -25,13 +25,18 @@ reading and changing it):
 Bad records, backpressure and offsets are the intake's (see there).
 
 Active and standby (:mod:`scheduler.leader`): every instance reads the
-worker events; only the one the leader group elects joins the tier group
-and dispatches, stamping its epoch on batches and snapshots. On losing
-leadership it stops dispatching at once and hands back every held request
-(the new leader replays them from the committed offsets). A new leader
-uses a worker only once it heard from it after the takeover
-(:meth:`scheduler.flow.FlowControl.takeover`), so the old leader's batches
-still waiting on a worker's partition are not over-sent.
+worker events and the leader partition; the leader beats there, and a
+standby that hears nothing from it for ``leader_silence_ms`` claims the
+next epoch. The winner takes over (:mod:`scheduler.takeover`: the
+predecessor's tier positions, fences on every batch partition, the ids the
+predecessor already wrote in batches, which it does not dispatch again),
+reads the tier topics and dispatches, stamping its epoch on batches and
+snapshots. On losing leadership it stops dispatching at once and hands
+back every held request (the new leader replays them from the committed
+offsets). A new leader uses a worker only once it heard from it after the
+takeover (:meth:`scheduler.flow.FlowControl.takeover`; a worker announces
+itself when it reads the fence), so the old leader's batches still waiting
+on a worker's partition are not over-sent.
 
 Stop (SIGTERM/SIGINT): stop fetching, let acknowledged work commit, commit
 nothing still held (a restart replays it), log totals. SIGHUP, or a change
@@ -68,6 +73,7 @@ from plumbing.kafka import (
     add_kafka_arguments,
     close_clients,
     consumer_lag,
+    make_admin,
     make_consumer,
     make_producer,
 )
@@ -93,6 +99,15 @@ from scheduler.leader import LeaderElection
 from scheduler.metrics import SchedulerMetrics
 from scheduler.publish import snapshot
 from scheduler.snapshot import Backlog, ServiceRate, half_batch
+from scheduler.takeover import (
+    batch_reader,
+    copy_positions,
+    dispatched_before,
+    group_of,
+    partitions_of,
+    tier_positions,
+    write_fences,
+)
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, Batch, Result, SchedulerState, WorkerEvent
@@ -106,7 +121,13 @@ _batch_codec = codec_for(Batch)
 _event_codec = codec_for(WorkerEvent)
 _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
-
+#: A takeover that knows no floor of its predecessor's reads the batch topics this far back.
+_FALLBACK_LOOKBACK_MS = 60_000
+#: Wall clocks of the schedulers are assumed to agree within this much (docs/reliability.md):
+#: a takeover reads the batch topics from this far before the predecessor's floor.
+_CLOCK_MARGIN_MS = 2_000
+#: Longest a takeover reads the batch topics for what was dispatched.
+_TAKEOVER_READ_S = 10.0
 
 
 def _full_batches(config: Config) -> dict[str, int]:
@@ -146,6 +167,8 @@ class SchedulerService(Service):
         #: snapshots and results.
         self._batch_producer = None
         self._event_consumer = None
+        self._admin = None
+        self._batch_reader = None
         self._sampler = LogSampler(self.settings.log_lines_per_s)
         self._rounds: dict[str, int] = {}
         self._next_state_s = 0.0
@@ -160,7 +183,8 @@ class SchedulerService(Service):
         self.dispatcher = Dispatcher(self.core, self.flow, self.backlog, instance=self.instance,
                                      watch=self.fairness, express=self.settings.express_batches)
         self.totals = {"received": 0, "dispatched": 0, "batches": 0, "express_batches": 0,
-                       "expired": 0, "invalid": 0, "duplicates": 0}
+                       "expired": 0, "invalid": 0, "duplicates": 0,
+                       "taken_over_dispatched": 0}
         self.intake = TierIntake(config, self.topics, self.core, self.backlog, self.metrics,
                                  self.totals, self._wake,
                                  max_poll_records=self.settings.max_poll_records)
@@ -177,12 +201,17 @@ class SchedulerService(Service):
                                              client_id=f"{self.kafka.client_id}-batches")
         await self._batch_producer.start()
         self.election = LeaderElection(
-            self.kafka, self.topics.scheduler_leader, f"{self.topics.prefix}scheduler-leader",
-            self.instance, self._producer, on_elected=self._on_elected,
-            on_deposed=self._on_deposed, on_suspend=self._on_suspend, on_resume=self._on_resume,
-            session_timeout_ms=self.settings.leader_session_timeout_ms, registry=self.registry)
+            self.kafka, self.topics.scheduler_leader, self.instance, self._producer,
+            on_elected=self._on_elected, on_deposed=self._on_deposed,
+            silence_ms=self.settings.leader_silence_ms, registry=self.registry)
+        self.election.floor = self._floor
         self._event_consumer = make_consumer(self.kafka, group_id=None)
         await self._event_consumer.start()
+        # Ready before any takeover: one costs no connection.
+        self._admin = make_admin(self.kafka)
+        await self._admin.start()
+        self._batch_reader = batch_reader(self.kafka)
+        await self._batch_reader.start()
         self._keeper = TopicKeeper(self.kafka, self._producer.client,
                                    lambda: self.topics.all(self.config), service="scheduler",
                                    on_lost=self._broker_lost, follow=self._followed)
@@ -223,8 +252,13 @@ class SchedulerService(Service):
             await self.election.stop()  # after the intake: the next leader replays from its commit
         if self._state_follower is not None:
             await self._state_follower.stop()
-        await close_clients(self._event_consumer, self._batch_producer, self._producer)
-        self._event_consumer = self._producer = self._batch_producer = None
+        await close_clients(self._event_consumer, self._batch_reader, self._batch_producer,
+                            self._producer)
+        self._event_consumer = self._producer = self._batch_producer = self._batch_reader = None
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await within(self._admin.close(), 5)
+            self._admin = None
 
     def ready(self) -> tuple[bool, str]:
         if not self.leading:
@@ -233,35 +267,79 @@ class SchedulerService(Service):
                            f"{len(self.flow.workers)} workers known")
         if not self.intake.assigned:
             return False, f"leader (epoch {self.epoch}): no tier partition assigned yet"
-        return True, (f"ok: leader epoch {self.epoch}, {len(self.intake.assigned)} tier "
-                      f"partitions, {self.core.held} held")
+        return True, (f"ok: leader epoch {self.epoch} instance {self.instance}, "
+                      f"{len(self.intake.assigned)} tier partitions, {self.core.held} held")
 
     # -- leadership ------------------------------------------------------------
 
     def may_dispatch(self) -> bool:
-        """Leading, and the leader group confirmed it within the lease."""
+        """Leading, and within the lease of a beat read back as valid."""
         return self.leading and self.election is not None and self.election.lease_valid()
 
-    def _on_suspend(self) -> None:
-        """The leader group rebalances: no dispatch until it says we still lead."""
-        self.leading = False
+    def _may_commit(self) -> bool:
+        """Tier positions are committed only by a leader (or one taking over) in its lease:
+        a deposed one that wakes up writes nothing (and only its own group if it did)."""
+        e = self.election
+        return (e is not None and e.state in ("leading", "taking_over")
+                and e.log.leads(self.instance, e.epoch) and e.lease_valid())
 
-    def _on_resume(self) -> None:
-        self.leading = True
-        self._wake.set()
+    def _floor(self) -> int | None:
+        """What this leader's beats say: see scheduler.intake (None before a takeover)."""
+        return self.intake.commit_floor_ms
 
     async def _on_elected(self, epoch: int) -> None:
-        """Newly leader: take over the workers' slots, join the tier group, dispatch."""
+        """Newly leader: positions, fences, what was dispatched; then read tiers, dispatch.
+
+        The order is :mod:`scheduler.takeover`'s: the predecessor's positions
+        are read before the fences are written.
+        """
+        t0 = time.monotonic()
+        el = self.election
         self.epoch = self.dispatcher.epoch = epoch
+        pred = el.log.predecessor(epoch)
+        now_ms = int(time.time() * 1000)
+        floor = (pred.floor_ms if pred is not None and pred.floor_ms is not None
+                 else now_ms - _FALLBACK_LOOKBACK_MS)
+        since_ms = max(0, floor - _CLOCK_MARGIN_MS)
+        self.intake.commit_floor_ms = since_ms  # what our beats say until our first commit
+        tier_tps = await partitions_of(self._producer, self.intake.tier_topics(self.config))
+        positions = await tier_positions(self._admin, self.topics.prefix, el.log.chain(epoch),
+                                         tier_tps)
+        t_positions = time.monotonic()
+        await self.intake.start(self.kafka, self._producer,
+                                group=group_of(self.topics.prefix, epoch), partitions=tier_tps,
+                                positions=positions, skip=set(), floor_ms=since_ms,
+                                may_commit=self._may_commit)
+        await copy_positions(self.intake.consumer, positions)
+        batch_topics = {self.topics.batches(ep): ep for ep in self.config.endpoints}
+        batch_tps = await partitions_of(self._batch_producer, batch_topics)
+        fences = await write_fences(self._batch_producer, batch_tps, epoch=epoch,
+                                    instance=self.instance, endpoint_of=batch_topics)
+        el.fenced_ms = int(time.time() * 1000)
+        t_fences = time.monotonic()
+        # A batch older than the predecessor's own fence on its partition was
+        # refused by the workers; where that fence may lie before the window
+        # read, count every batch of an older epoch as refused (a duplicate at
+        # worst, never a request taken for served that was not).
+        stale_below = (pred.epoch if pred is not None and (
+            pred.fenced_ms is None or pred.fenced_ms < since_ms + _CLOCK_MARGIN_MS) else 0)
+        seen = await dispatched_before(self._batch_reader, fences, since_ms=since_ms,
+                                       stale_below=stale_below, timeout_s=_TAKEOVER_READ_S)
+        self.intake.skip = seen.ids
         self.flow.takeover(time.time() * 1000)
         if (took := self.handover.take_over(self.core, epoch)) is not None:
             log.info("costs_taken_over", from_epoch=took.from_epoch, lanes=list(took.lanes),
                      snapshot_ms=took.snapshot_ms, replayed_reports=took.replayed)
-        await self.intake.start(self.kafka, self._producer)
         self._intake_task = asyncio.create_task(self.intake.run(), name="scheduler-tiers")
         self._intake_task.add_done_callback(self._intake_done)
         self.leading = True
         self._wake.set()
+        log.warning("takeover_done", epoch=epoch, after=pred.epoch if pred else None,
+                    seconds=round(time.monotonic() - t0, 3), positions=len(positions),
+                    positions_s=round(t_positions - t0, 3), fences_s=round(t_fences - t0, 3),
+                    fences=len(fences), since_ms=since_ms, batches_read=seen.batches,
+                    stale_batches=seen.stale_batches, dispatched=len(seen.ids),
+                    complete=seen.complete)
 
     async def _on_deposed(self) -> None:
         """Someone else leads: stop reading tiers, hand back everything held."""
@@ -298,6 +376,9 @@ class SchedulerService(Service):
         self.metrics.configure(config)
         self.fairness.configure(config)
         self.intake.reconfigure(config)
+        if self.intake.consumer is not None:
+            await self.intake.add_partitions(await partitions_of(
+                self._producer, self.intake.tier_topics(config)))
         self._wake.set()
         self.log.info("config_reloaded", tiers=config.tier_names,
                       endpoints=list(config.endpoints))
@@ -344,11 +425,15 @@ class SchedulerService(Service):
     async def _broker_lost(self) -> None:
         """The broker lost its topics (see :mod:`plumbing.topickeeper`): follow the new ones.
 
-        The tier and leader groups rejoin by themselves (the tier rebalance
-        hands back what is held: the broker lost those records too). Batches
-        never seen in a worker's hands are gone with the batch topics.
+        What the leader holds stays held and is served; the tier positions
+        start over on the new (empty) partitions. The leader partition is
+        read from its new start (the topic keeper moves the reader back).
+        Batches never seen in a worker's hands are gone with the batch topics.
         """
         await self._seek_recent_events()
+        await self.intake.broker_lost()
+        if self.election is not None:
+            self.election.broker_lost()
         forgotten = self.flow.forget_unconfirmed()
         log.info("scheduler_resumed_after_broker_loss", forgotten_batches=len(forgotten),
                  held=self.core.held, leading=self.leading)

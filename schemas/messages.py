@@ -190,6 +190,12 @@ class Batch(Message, kw_only=True):
     #: (:mod:`scheduler.dispatch`): the worker runs its minority head next,
     #: ahead of the batches it already holds (:mod:`worker.execute`).
     express: bool = False
+    #: A new leader's mark, written to every partition of every batch topic
+    #: before it dispatches (no requests): a worker takes it as the newest
+    #: epoch of that partition and refuses any older epoch's batch behind it
+    #: (:mod:`scheduler.takeover`). A worker older than the field serves it
+    #: as an empty batch.
+    fence: bool = False
 
 
 Status = Literal["ok", "rejected", "expired", "invalid", "failed"]
@@ -377,18 +383,34 @@ class SchedulerState(Message, kw_only=True):
 
 
 class LeaderClaim(Message, kw_only=True):
-    """A scheduler taking over, written to ``scheduler-leader`` before it dispatches.
+    """A record of the one-partition ``scheduler-leader`` topic: who leads, in log order.
 
-    ``epoch`` grows with every takeover (the next leader reads the claims
-    and goes higher); batches and snapshots carry it so that workers and
-    admission can tell a deposed leader's output from the current one's.
+    ``kind`` says which: ``claim`` (a scheduler that heard nothing from the
+    leader for ``leader_silence_ms`` takes over from epoch ``after``; the
+    first claim in the log naming the epoch then in force wins), ``beat``
+    (the leader is alive, every ``leader_silence_ms / 5``) or ``resign``
+    (the leader stopped cleanly: a standby claims at once). The rules are
+    :mod:`scheduler.leadership`. ``epoch`` grows with every takeover;
+    batches and snapshots carry it so that workers and admission can tell
+    a deposed leader's output from the current one's.
     """
 
     instance: str
     #: At most 2**62: the next leader goes one higher, and an epoch must stay an
-    #: int64 (Batch.epoch, and the '>q' of the leader group's join metadata).
+    #: int64 (Batch.epoch).
     epoch: Annotated[int, Meta(ge=1, le=2**62)]
     sent_ms: EpochMs
+    kind: Literal["claim", "beat", "resign"] = "claim"
+    #: The epoch a claim takes over from (0: none known); a beat repeats its
+    #: leader's, so a reader that missed the claim still learns the chain.
+    after: Annotated[int, Meta(ge=0, le=2**62)] = 0
+    #: A beat's: every batch of this leader's that holds a request not yet
+    #: committed on its tier partition was written at or after this wall-clock
+    #: time (ms, the leader's clock): where a successor starts reading the
+    #: batch topics for what was dispatched already.
+    floor_ms: EpochMs | None = None
+    #: A beat's: when this leader's fences were all acknowledged (ms, its clock).
+    fenced_ms: EpochMs | None = None
 
 
 class DeadLetter(Message, kw_only=True):

@@ -52,3 +52,7 @@ class WorkerMetrics:
                              ["endpoint"], registry=r)
         self.failures = Counter(f"{p}_failures_total", "Records and sends that failed, by reason",
                                 ["endpoint", "reason"], registry=r)
+        self.duplicates = Counter(f"{p}_duplicate_requests_total",
+                                  "Requests of a batch not run because this worker had answered "
+                                  "the same id within answered_window_s", ["endpoint"],
+                                  registry=r)

@@ -48,6 +48,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+import msgspec
 import structlog
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
@@ -81,6 +82,7 @@ from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import Batch, BatchTiming, Result, WorkerEvent
 from schemas.topics import Topics
+from worker.answered import AnsweredIds
 from worker.credit_return import release_delay_s
 from worker.execute import BatchExecutor, MicrobatchStats, Served
 from worker.metrics import WorkerMetrics
@@ -200,6 +202,8 @@ class WorkerService(Service):
         self._taken_ms: dict[str, int] = {}
         #: Newest scheduler epoch seen per batch partition (fencing, see _fenced).
         self._epochs: dict[TopicPartition, int] = {}
+        #: Request ids answered recently: a batch that brings one back skips it.
+        self.answered = AnsweredIds(settings.answered_window_s, settings.answered_max_ids)
         self._freed = asyncio.Event()
         self._partitions: list[int] = []
         self._producer = None
@@ -431,10 +435,17 @@ class WorkerService(Service):
             self.offsets.release(tp, rec.offset)
             return
         newest = self._epochs.get(tp, 0)
+        if batch.fence:
+            await self._fence(tp, rec, batch, newest)
+            return
         if batch.epoch < newest:
             await self._fenced(tp, rec, batch, newest)
             return
         self._epochs[tp] = batch.epoch
+        batch = self._unanswered(batch)
+        if not batch.requests:
+            await self._all_answered(tp, rec, batch)
+            return
         self._taken_s[batch.id] = time.monotonic()
         self._taken_ms[batch.id] = int(time.time() * 1000)
         self._in_hand[batch.id] = asyncio.create_task(self._serve(tp, rec.offset, batch),
@@ -442,16 +453,50 @@ class WorkerService(Service):
         self._in_hand_tp[batch.id] = tp
         self._measure_backlog()
 
+    def _unanswered(self, batch: Batch) -> Batch:
+        """``batch`` without the requests this worker answered within the window."""
+        now = time.monotonic()
+        fresh = [r for r in batch.requests if not self.answered.seen(r.id, now)]
+        if len(fresh) == len(batch.requests):
+            return batch
+        n = len(batch.requests) - len(fresh)
+        self.metrics.duplicates.labels(self.endpoint).inc(n)
+        log.warning("requests_already_answered", batch_id=batch.id, epoch=batch.epoch,
+                    requests=n, left=len(fresh))
+        return msgspec.structs.replace(batch, requests=fresh)
+
+    async def _all_answered(self, tp: TopicPartition, rec, batch: Batch) -> None:
+        """Every request of ``batch`` was answered already: done at once, nothing run."""
+        self.offsets.release(tp, rec.offset)
+        with contextlib.suppress(KafkaError):
+            await self._commit(only={tp})
+            await self._announce("batch_done", batch_id=batch.id, batch_requests=0)
+
+    async def _fence(self, tp: TopicPartition, rec, batch: Batch, newest: int) -> None:
+        """A new leader's fence: from here on this partition, an older epoch is refused.
+
+        Announced at once (a heartbeat): the new leader waits for an event of
+        each worker sent after its takeover before it sends to it, and this
+        one comes after every batch of the old leader's before the fence.
+        """
+        if batch.epoch > newest:
+            self._epochs[tp] = batch.epoch
+            log.info("fence_read", epoch=batch.epoch, previous_epoch=newest,
+                     partition=rec.partition, offset=rec.offset)
+            self.spawn(self._announce("heartbeat"), "fence_event_send")
+        self.offsets.release(tp, rec.offset)
+        with contextlib.suppress(KafkaError):
+            await self._commit(only={tp})
+
     async def _fenced(self, tp: TopicPartition, rec, batch: Batch, newest: int) -> None:
         """Skip a deposed scheduler's batch written after its successor's on this partition.
 
-        The backstop of the leader lease (:mod:`scheduler.leader`): a leader
-        dispatches only while the leader group confirms it, so an older
-        epoch's batch behind a newer one comes from a leader that lost the
-        group (its tier partitions with it) and wrote anyway; the new leader
-        replays those requests from the tier offsets, and serving them here
-        too would be a duplicate. The residual risk, if the lease failed
-        (clocks running at very different rates), is in ``docs/reliability.md``.
+        A new leader writes a fence to every batch partition before its
+        first batch (:mod:`scheduler.takeover`), and replays every request
+        of its predecessor's not in a batch before the fence: an older
+        epoch's batch behind a newer one comes from a deposed leader (one
+        that was paused, and sent what its producer still held when it woke
+        up), and serving it would serve its requests twice.
         """
         self.metrics.failures.labels(self.endpoint, "stale_epoch").inc()
         log.warning("batch_fenced", batch_id=batch.id, epoch=batch.epoch, newest_epoch=newest,
@@ -560,6 +605,7 @@ class WorkerService(Service):
         Per write, not per result: one counter step per status, the debug
         check once.
         """
+        self.answered.add((s.request.id for s in written), time.monotonic())
         by_status = collections.Counter(s.result.status for s in written)
         for status, n in by_status.items():
             self._results_counter(status).inc(n)

@@ -14,8 +14,10 @@ pytestmark = pytest.mark.integration
 
 
 async def test_every_request_gets_one_result_across_crashes():
-    """kill -9 of the leading scheduler, a worker, admission, each restarted: every request
-    one result, counted by id (none lost, none failed to submit, none twice, none foreign)."""
+    """kill -9 of the leading scheduler, a worker, admission, each restarted, then a paused
+    leader: every request one result, counted by id (none lost, none failed to submit, none
+    twice, none foreign); none dispatched twice by a scheduler's takeover, and the paused
+    leader's batches never taken after its successor's first."""
     lines: list[str] = []
     figures = await run(rate=30, phase_s=3, session_ms=2000, say=lines.append)
     print("\n".join(lines) + "\n" + report(figures))
@@ -28,6 +30,14 @@ async def test_every_request_gets_one_result_across_crashes():
     assert figures["admission_first_result_s"] is not None, report(figures)
     # The client hands each id over once: every extra copy written was dropped.
     assert figures["copies_written"] - figures["results"] == figures["client_duplicates_dropped"]
+    # Takeovers: by the leader's beat, not a group session; nothing of the dead or
+    # paused leader's dispatched again, nothing of the paused one's served late.
+    by_crash = figures["dispatched_twice_by_crash"]
+    assert by_crash["scheduler"] == 0 and by_crash["pause"] == 0, report(figures)
+    assert figures["scheduler_first_result_s"] < 5, report(figures)  # 2 s unloaded: bench
+    assert figures["paused_takeover_s"] is not None, "the standby never took over a paused leader"
+    assert figures["paused_served_after_successor"] == 0, report(figures)
+    assert figures["paused_leader_stands_by"], "the paused leader still leads after SIGCONT"
 
 
 def _assert_one_result_each(figures: dict) -> None:
@@ -53,3 +63,10 @@ async def test_crashes_at_full_length_with_the_default_session():
     _assert_one_result_each(figures)
     assert figures["scheduler_first_result_s"] is not None, report(figures)
     assert figures["admission_first_result_s"] is not None, report(figures)
+    # Issue 50: the new leader's first result within 2 s of the kill at the default
+    # session (python bench/crash.py --session-ms 6000 --rate 200 measures it); 3 s here,
+    # where CI shares its cores (11.45 s before: the bound still fails the group design).
+    assert figures["scheduler_first_result_s"] < 3, report(figures)
+    by_crash = figures["dispatched_twice_by_crash"]
+    assert by_crash["scheduler"] == 0 and by_crash["pause"] == 0, report(figures)
+    assert figures["paused_served_after_successor"] == 0, report(figures)

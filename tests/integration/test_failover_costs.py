@@ -58,7 +58,7 @@ async def test_the_new_leader_charges_the_same_adaptive_costs(kafka_settings: Ka
     """Costs per org after a clean failover equal the old leader's, and differ without the handover."""
     cfg = make_config(topic_prefix)
     topics = Topics.of(cfg)
-    settings = SchedulerSettings(leader_session_timeout_ms=2000)
+    settings = SchedulerSettings(leader_silence_ms=1000)
     a = SchedulerService(cfg, kafka_settings, settings=settings)
     b = SchedulerService(cfg, kafka_settings, settings=settings)
     async with running(a):

@@ -67,7 +67,7 @@ async def _read(slices: list[list[ConsumerRecord]]) -> tuple[TierIntake, _Consum
                         SchedulerMetrics(CollectorRegistry(), CONFIG),
                         {"received": 0, "invalid": 0, "duplicates": 0}, asyncio.Event())
     intake._consumer = consumer = _Consumer(slices, intake)
-    intake._on_assigned([TP])
+    intake.assigned = {TP}
     task = asyncio.create_task(intake.run())
     try:
         await within(consumer.drained.wait(), 5.0)

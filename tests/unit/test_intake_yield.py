@@ -67,7 +67,7 @@ def _intake() -> tuple[TierIntake, _Consumer]:
                         SchedulerMetrics(CollectorRegistry(), CONFIG),
                         {"received": 0, "invalid": 0, "duplicates": 0}, asyncio.Event())
     intake._consumer = consumer = _Consumer()
-    intake._on_assigned([TP])
+    intake.assigned = {TP}
     return intake, consumer
 
 
@@ -96,17 +96,17 @@ async def test_a_slice_lets_the_loop_run_within_it():
     assert len(intake._origin) == intake.core.held == SLICE
 
 
-async def test_records_of_a_partition_revoked_mid_slice_are_not_held():
-    """Revoked at the first yield: the held ones are handed back, the rest never held."""
+async def test_records_read_after_a_hand_back_mid_slice_are_not_held():
+    """Leadership lost at the first yield: the held ones are handed back, the rest never held."""
     intake, consumer = _intake()
 
-    async def revoke():
+    async def depose():
         before = intake.core.held
-        await intake._on_revoked([TP])
+        intake.hand_back_all()
         return before
 
-    held_at_revoke = await _run_with(intake, consumer, revoke)
-    assert _YIELD_EVERY <= held_at_revoke < SLICE  # revoked mid-slice
+    held_at_revoke = await _run_with(intake, consumer, depose)
+    assert _YIELD_EVERY <= held_at_revoke < SLICE  # handed back mid-slice
     assert TP not in intake.assigned
     assert intake.core.held == 0, f"{intake.core.held} of the revoked partition held"
     assert not intake._origin
