@@ -61,7 +61,7 @@ def group_of(prefix: str, epoch: int) -> str:
 
 async def partitions_of(producer, topics: Iterable[str]) -> list[TopicPartition]:
     """Every partition of ``topics`` the producer's metadata knows."""
-    out = []
+    out: list[TopicPartition] = []
     for t in topics:
         ps = await within(producer.partitions_for(t), 10)
         out.extend(TopicPartition(t, p) for p in sorted(ps))
@@ -125,8 +125,8 @@ class _BatchIds(msgspec.Struct):
     requests: list[_RequestId] = []
 
 
-_ids_decoders = {"msgpack": msgspec.msgpack.Decoder(_BatchIds),
-                 "json": msgspec.json.Decoder(_BatchIds)}
+_ids_decoders: dict[str, msgspec.msgpack.Decoder[_BatchIds] | msgspec.json.Decoder[_BatchIds]] = {
+    "msgpack": msgspec.msgpack.Decoder(_BatchIds), "json": msgspec.json.Decoder(_BatchIds)}
 
 
 @dataclass
