@@ -254,7 +254,7 @@ async def _terminate(procs: list[tuple[str, tuple[subprocess.Popen, int]]],
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
     for _name, (proc, _) in procs:
-        while proc.poll() is None and time.monotonic() < deadline:
+        while proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - a child process: no event to await
             await asyncio.sleep(0.05)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

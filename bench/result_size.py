@@ -151,7 +151,7 @@ async def amain(args: argparse.Namespace) -> dict:
                 for c in clients.values():
                     await c.start()
                 try:
-                    for name, (fmt, encoding) in VARIANTS.items():  # warm-up
+                    for fmt, encoding in VARIANTS.values():  # warm-up
                         await pipeline_round(clients[fmt], 100, args.texts, encoding,
                                              f"w-{uuid.uuid4().hex[:6]}")
                     for k in range(repeat):

@@ -348,7 +348,7 @@ class EmbeddedBroker:
         if self._proc is None:
             return
         deadline = time.monotonic() + self._grace(grace_s)
-        while self._proc.poll() is None and time.monotonic() < deadline:
+        while self._proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - a child process: no event to await
             await asyncio.sleep(0.01)
         self._kill_now()
 

@@ -533,7 +533,8 @@ async def consumer_lag(consumer: AIOKafkaConsumer, partitions, *,
 
     positions = await asyncio.gather(*(position(tp) for tp in highs))
     return {tp: max(0, high - pos)
-            for (tp, high), pos in zip(highs.items(), positions) if pos is not None}
+            for (tp, high), pos in zip(highs.items(), positions, strict=True)
+            if pos is not None}
 
 
 def group_generation(consumer: AIOKafkaConsumer) -> tuple[int, str] | None:

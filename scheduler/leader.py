@@ -297,7 +297,7 @@ class LeaderElection:
         except (KafkaError, TimeoutError):
             return False
         # No fetch answered yet (an empty partition): Kafka reports no high watermark.
-        return high is None and pos == 0 or high is not None and pos >= high
+        return (high is None and pos == 0) or (high is not None and pos >= high)
 
     async def _send_claim(self) -> None:
         claim = self.log.claim(self.instance, int(time.time() * 1000), self.epoch)

@@ -95,7 +95,7 @@ class LeaderLog:
         self.highest = max(self.highest, rec.epoch)
         cur = self.current
         if rec.kind == "claim":
-            if cur is None or rec.after == cur.epoch and rec.epoch > cur.epoch:
+            if cur is None or (rec.after == cur.epoch and rec.epoch > cur.epoch):
                 self._lead(Leader(rec.epoch, rec.instance, after=rec.after), now_s)
                 return "claim_won"
             return "claim_lost"

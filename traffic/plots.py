@@ -284,7 +284,7 @@ def _batch_fill(ax, outcomes) -> None:
     xs = np.array(list(fills.values()))
     counts, edges, _ = ax.hist(xs, bins=np.linspace(0, 100, 21), color="#4c72b0",
                                edgecolor="white")
-    for c, left in zip(counts, edges):
+    for c, left in zip(counts, edges, strict=False):  # one edge more than bins
         if c:
             ax.text(left + 2.5, c, f"{int(c):,}", ha="center", va="bottom", fontsize=9)
     ax.axvline(xs.mean(), color="black", ls="--", lw=1.2, label=f"mean {xs.mean():.1f} %")

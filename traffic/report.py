@@ -211,10 +211,10 @@ def _table(header: list[str], rows: list[list[str]], align: str) -> str:
 
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) if a == "l" else c.rjust(w)
-                                 for c, w, a in zip(cells, widths, align)) + " |"
+                                 for c, w, a in zip(cells, widths, align, strict=True)) + " |"
 
     sep = "|" + "|".join((":" + "-" * (w + 1)) if a == "l" else ("-" * (w + 1) + ":")
-                         for w, a in zip(widths, align)) + "|"
+                         for w, a in zip(widths, align, strict=True)) + "|"
     return "\n".join([line(header), sep, *(line(r) for r in rows)])
 
 

@@ -463,7 +463,7 @@ class BatchExecutor:
             except Exception:  # noqa: BLE001 - one request broke the tokenizer: find it below
                 got = None
             if got is not None:
-                for k, n in zip(ks, got):
+                for k, n in zip(ks, got, strict=True):
                     lengths[k] = n
                 continue
             for i in sorted({owner[k][0] for k in ks}):
@@ -474,7 +474,7 @@ class BatchExecutor:
                 except Exception as e:  # noqa: BLE001 - contained: this request fails alone
                     pending[i].error = f"tokenizer failed: {type(e).__name__}: {e}"
                     continue
-                for k, n in zip(mine, one):
+                for k, n in zip(mine, one, strict=True):
                     lengths[k] = n
         return lengths
 
@@ -544,7 +544,7 @@ class BatchExecutor:
                  owner: Sequence[tuple[int, int]], pending: list[_Pending], max_seq: int) -> None:
         capped = [min(lengths[k], max_seq) for k in idx]
         total = sum(capped) or 1
-        for c, k in zip(capped, idx):
+        for c, k in zip(capped, idx, strict=True):
             pending[owner[k][0]].seconds += seconds * c / total
         padded = _call_padded(capped)
         if padded > 0 and seconds >= 0 and self._sizeable(len(idx), padded):

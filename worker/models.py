@@ -102,7 +102,7 @@ def _cut_with_offsets(tokenizer, texts: Sequence[str], max_tokens: int) -> list[
     encoding = tokenizer(list(texts), add_special_tokens=False, truncation=False, padding=False,
                          return_offsets_mapping=True, verbose=False)
     out = []
-    for text, offsets in zip(texts, encoding["offset_mapping"]):
+    for text, offsets in zip(texts, encoding["offset_mapping"], strict=True):
         out.append(text if len(offsets) <= max_tokens else text[: offsets[max_tokens - 1][1]])
     return out
 

@@ -499,7 +499,7 @@ def hostile_number() -> st.SearchStrategy[Num]:
 
 def _int_field(num: Num, fmt: str, lo: int, hi: int | None) -> str:
     """How an int field with bounds [lo, hi] takes ``num``: ``ok``, or the dead-letter reason."""
-    if num.value.json is None and fmt == "json" or num.value.mp is None and fmt == "msgpack":
+    if (num.value.json is None and fmt == "json") or (num.value.mp is None and fmt == "msgpack"):
         return "unencodable"
     if fmt == "json" and num.kind == "json-malformed":
         return BAD_LITERAL
@@ -518,7 +518,7 @@ _FLOAT_MAX = 1.7976931348623157e308
 
 def _float_field(num: Num, fmt: str) -> str:
     """How ``weight`` (float | None) takes ``num``: ``ok`` (a claimed weight) or the reason."""
-    if num.value.json is None and fmt == "json" or num.value.mp is None and fmt == "msgpack":
+    if (num.value.json is None and fmt == "json") or (num.value.mp is None and fmt == "msgpack"):
         return "unencodable"
     if fmt == "json" and num.kind == "json-malformed":
         return BAD_LITERAL

@@ -206,7 +206,7 @@ def hostile_record_from(typ: type, kind: str, seed: int) -> tuple[bytes | None, 
     if kind == "binary":
         value = rng.randbytes(rng.choice([0, 1, 8, rng.randint(0, 400)]))
     elif kind == "shaped":
-        keys = tuple(typ.__struct_fields__) + ("type", "texts", "lanes", "timings")
+        keys = (*tuple(typ.__struct_fields__), "type", "texts", "lanes", "timings")
         value = json_from_seed(seed, fmt == "msgpack", keys)
     elif kind == "mutated":
         value, fmt = _mutated(typ, seed)

@@ -38,7 +38,10 @@ async def test_standby_waits_then_takes_over_a_clean_stop(kafka_settings: KafkaS
     topics = Topics.of(cfg)
     a = SchedulerService(cfg, kafka_settings)
     b = SchedulerService(cfg, kafka_settings)
-    worker = fake_worker(cfg, kafka_settings, "w-a", model="fake:ms_per_batch=40")
+    # 250 ms a batch of 4: 40 requests take ~2.5 s, so the leader still holds work when it
+    # stops after the first 8 results, on a loaded machine too (at 40 ms it had served
+    # all 40 before its stop in one CI-like run at load average ~12, and the standby none).
+    worker = fake_worker(cfg, kafka_settings, "w-a", model="fake:ms_per_batch=250")
     reqs = [request(i, org, [f"text {i}"], tier="gold" if org == "acme" else "free",
                     topics=topics) for i, org in enumerate(["acme", "bulk"] * 20)]
     async with running(a), running(worker), \
@@ -85,7 +88,7 @@ async def test_worker_drops_a_batch_older_than_one_it_saw(kafka_settings: KafkaS
     now = int(time.time() * 1000)
     reqs = [request(i, "acme", [f"text {i}"], topics=topics) for i in range(3)]
     batches = [Batch(id=f"b{i}", endpoint="embed", requests=[r], tokens=r.tokens, created_ms=now,
-                     epoch=epoch) for i, (r, epoch) in enumerate(zip(reqs, (5, 3, 5)))]
+                     epoch=epoch) for i, (r, epoch) in enumerate(zip(reqs, (5, 3, 5), strict=True))]
     await produce(kafka_settings, None,
                   [(topics.batches("embed"), 0, codec.encode(b)) for b in batches])
     worker = fake_worker(cfg, kafka_settings, "w-f")

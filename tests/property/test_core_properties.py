@@ -699,7 +699,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(weights=st.tuples(*[st.sampled_from([0.5, 1.0, 3.0])] * 4), extra_tier=st.booleans())
     def reconfigure(self, weights, extra_tier):
-        self.orgs = {org: (tier, w) for (org, (tier, _)), w in zip(self.orgs.items(), weights)}
+        self.orgs = {org: (tier, w) for (org, (tier, _)), w in zip(self.orgs.items(), weights, strict=True)}
         tiers = ("gold", "free", "spare") if extra_tier else ("gold", "free")
         self.s.reconfigure(config_for(orgs=self.orgs, **{**self.kw, "tiers": tiers}))
 

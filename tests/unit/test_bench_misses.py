@@ -25,9 +25,9 @@ def _run(statuses: list[str]) -> SimpleNamespace:
 def test_a_miss_is_the_slowest_request_not_a_missing_one():
     ok = ["ok"] * 10
     assert p99_by_org(_run(ok))["q"] == 10.0
-    assert p99_by_org(_run(["expired"] + ok[1:]))["q"] == math.inf
+    assert p99_by_org(_run(["expired", *ok[1:]]))["q"] == math.inf
     assert p99_ms(_run(ok), "q") == 10.0
-    assert p99_ms(_run(ok[:9] + ["missing"]), "q") == math.inf
+    assert p99_ms(_run([*ok[:9], "missing"]), "q") == math.inf
 
 
 def test_a_bound_made_of_a_miss_is_not_met():

@@ -138,7 +138,7 @@ async def test_each_option_reaches_the_model():
         (EmbedInput(texts=TEXTS, dimensions=4), EncodeOptions(dimensions=4)),
     ]
     results = await serve(ex, *[c[0] for c in cases])
-    for (inp, options), r in zip(cases, results):
+    for (inp, options), r in zip(cases, results, strict=True):
         assert r.status == "ok", r
         want = model.encode(inp.texts, options=options).vectors
         assert np.array_equal(np.asarray(r.embeddings, dtype=np.float32), want), options

@@ -169,7 +169,7 @@ def test_an_express_batch_runs_after_the_batch_in_progress_ahead_of_the_queued_o
     held while both slots are taken: it goes out at once alone, runs when f1 ends, and f2,
     queued, moves back by its 0.11 s."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
-    trace = F4 + [rec("q1", "q", 100, ts=0.05)]
+    trace = [*F4, rec("q1", "q", 100, ts=0.05)]
     # t=0:    f1 (0..0.11), f2 queued (0.11..0.22). Both slots taken.
     # t=0.05: q1, express: after f1, 0.11..0.22; f2 moves to 0.22..0.33.
     # t=0.11: f1 done: q1 and f2 in hand, both slots taken, nobody fresh.
@@ -191,7 +191,7 @@ def test_one_express_batch_per_worker_until_it_starts():
     At 0.11 q1 starts (the live worker returns its credit), and r1 goes out in its own,
     run after q1."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
-    trace = F4 + [rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=0.06)]
+    trace = [*F4, rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=0.06)]
     # t=0.05: q1 express, 0.11..0.22 (f2 to 0.22..0.33).  t=0.06: r1 waits.
     # t=0.11: f1 done, q1 starts: r1 express, after q1: 0.22..0.33; f2 to 0.33..0.44.
     # t=0.22: q1 done: r1 and f2 still hold both slots (r1 beyond them until now).
@@ -263,7 +263,7 @@ def test_the_next_express_batch_goes_when_the_scheduler_hears_the_one_before_sta
     at 0.16, and sends r1 (waiting since 0.06) then: not at 0.13, when f1's credit is
     heard (q1 not known to have started), nor at the next event after 0.16."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
-    trace = F4 + [rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=0.06)]
+    trace = [*F4, rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=0.06)]
     res = simulate(cfg, trace, SimSettings(service=ROUND, slots=2, pipeline=_late_news()))
     got = {o.id: o for o in res.outcomes}
     assert (got["q1"].express, got["r1"].express) == (True, True)
@@ -279,7 +279,7 @@ def test_an_express_call_runs_after_the_call_in_progress_not_after_the_whole_bat
     and f2's call moves back to 0.22..0.33, as the live worker's model thread orders them.
     The batch's credit comes back as its last call starts (0.22): f3 and f4 then."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=200)
-    trace = F4 + [rec("q1", "q", 100, ts=0.05)]
+    trace = [*F4, rec("q1", "q", 100, ts=0.05)]
     res = simulate(cfg, trace, SimSettings(service=ROUND, slots=1,
                                            pipeline=_one_call_per_request()))
     got = {o.id: (o.dispatched_s, o.completed_s) for o in res.outcomes}
@@ -294,7 +294,7 @@ def test_a_batch_split_by_an_express_call_is_measured_at_its_own_speed():
     of calls, not the 0.33 s the express call stretched them to (all calls run at
     200 / 0.22 tokens/s, so the snapshot says exactly that)."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=200)
-    trace = F4 + [rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=1.0)]
+    trace = [*F4, rec("q1", "q", 100, ts=0.05), rec("r1", "r", 100, ts=1.0)]
     watch = _Watching()
     simulate(cfg, trace, SimSettings(service=ROUND, slots=1, pipeline=_one_call_per_request(),
                                      admission=watch))
@@ -322,6 +322,6 @@ def test_batches_full_by_count_set_the_rate_as_live():
 def test_no_express_batch_under_fifo():
     """FIFO serves in arrival order: q1 is not taken ahead (the live lane says so too)."""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=100)
-    trace = F4 + [rec("q1", "q", 100, ts=0.05)]
+    trace = [*F4, rec("q1", "q", 100, ts=0.05)]
     got = schedule(cfg, trace, slots=2, express=True, policy="fifo")
     assert got["q1"] == ("ok", pytest.approx(0.33), pytest.approx(0.55))

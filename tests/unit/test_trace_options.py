@@ -74,7 +74,7 @@ def test_a_bad_option_in_a_trace_names_line_and_field(options, field):
 def test_options_of_the_other_kind_stop_the_replay_with_a_clear_error():
     """max_tokens_per_doc on an embed line is refused before anything is sent."""
     recs = decode_trace([line(id="x", options={"max_tokens_per_doc": 3})])
-    with pytest.raises(ReplayError, match="'x'.*max_tokens_per_doc.*embed request"):
+    with pytest.raises(ReplayError, match=r"'x'.*max_tokens_per_doc.*embed request"):
         items_from_trace(recs, CONFIG, synth_for)
 
 
