@@ -119,9 +119,20 @@ class ProcessStack:
         self.gateway_url: str | None = None
         self.procs: dict[str, tuple[subprocess.Popen, int]] = {}
         self._args: dict[str, tuple[str, ...]] = {}
+        #: Ports a process listens on besides its metrics port (the gateway's API).
+        self._http_ports: dict[str, int] = {}
+        #: Processes started again once because they exited before they were ready.
+        self.respawned: list[str] = []
+
+    def _port(self) -> int:
+        """A free port that no process of this stack was given yet."""
+        taken = {p for _proc, p in self.procs.values()} | set(self._http_ports.values())
+        while (port := free_port()) in taken:
+            pass
+        return port
 
     def _spawn(self, name: str, *args: str) -> None:
-        port = free_port()
+        port = self._port()
         self._args[name] = args
         cmd = [sys.executable, "-m", "app.cli", *args,
                *self.extra_args.get(args[0], []), "--config", self.config_path,
@@ -145,7 +156,8 @@ class ProcessStack:
                 name = f"worker-{ep}" + (f"-{i + 1}" if i else "")
                 self._spawn(name, "worker", "--endpoint", ep, *extra)
         if self.gateway_port is not None:
-            port = self.gateway_port or free_port()
+            port = self.gateway_port or self._port()
+            self._http_ports["gateway"] = port
             self._spawn("gateway", "gateway", "--port", str(port))
             self.gateway_url = f"http://127.0.0.1:{port}"
         # Standbys after the first, so that the first one leads.
@@ -201,10 +213,17 @@ class ProcessStack:
         while True:
             waiting = []
             leaders = 0
-            for name, (proc, port) in self.procs.items():
+            for name, (proc, port) in list(self.procs.items()):
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with status {proc.returncode} "
-                                       "(see the log file)")
+                    if name in self.respawned or proc.returncode != 1:
+                        raise RuntimeError(f"{name} exited with status {proc.returncode} "
+                                           "(see the log file)")
+                    # Once: a port chosen free was taken before the child bound it
+                    # (another listener on the machine picked it in the same moment;
+                    # seen once for the gateway, EADDRINUSE). A real fault fails again.
+                    self.respawned.append(name)
+                    self._respawn(name)
+                    continue
                 ok, why = await _ready(port)
                 is_scheduler = name.startswith("scheduler")
                 leaders += ok and is_scheduler
@@ -217,6 +236,16 @@ class ProcessStack:
             if time.monotonic() > deadline:
                 raise TimeoutError("pipeline not ready: " + "; ".join(waiting))
             await asyncio.sleep(0.2)
+
+    def _respawn(self, name: str) -> None:
+        """Start ``name`` again with new ports (it exited before it was ready)."""
+        args = self._args[name]
+        if name in self._http_ports and not self.gateway_port:
+            port = self._port()
+            self._http_ports[name] = port
+            args = (*args[:-1], str(port))  # "--port", P last
+            self.gateway_url = f"http://127.0.0.1:{port}"
+        self._spawn(name, *args)
 
     def failed(self) -> str | None:
         for name, (proc, _) in self.procs.items():
