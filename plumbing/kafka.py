@@ -163,7 +163,7 @@ class KafkaSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     # for a partition to fetch (its consumer_timeout_ms, 200 by default). In
     # the CPU demo a batch sometimes reached its worker 175-205 ms after the
     # scheduler wrote it (5-55 of 504 batches a run, the usual time 2-7 ms):
-    # at 20, none took over 20 ms (docs/demo.md). A wake-up with nothing to
+    # at 20, none took over 20 ms (the runs: git show f1ddd8c:docs/demo.md). A wake-up with nothing to
     # do costs the consumer a few microseconds, no request.
     consumer_timeout_ms: PositiveMs = 20
     # Group membership. 6 s is the lowest session Apache Kafka accepts by

@@ -116,7 +116,7 @@ def _retriable(exc: BaseException) -> bool:
 #: aiokafka's fetcher sends the next fetch only from this loop, a few turns
 #: after the last one was drained; with 64, a burst's records in hand kept it
 #: waiting 36-40 ms (p50) before each fetch under a burst on a shared core,
-#: and a quiet org's record waited in the broker meanwhile (docs/demo.md).
+#: and a quiet org's record waited in the broker meanwhile (commit f1ddd8c).
 _YIELD_EVERY = 16
 
 

@@ -7,7 +7,7 @@ async def test_the_setting_reaches_aiokafkas_fetcher_timeout():
     """aiokafka's fetcher slept up to 200 ms before fetching again; ours wakes at 20 ms.
 
     In the CPU demo a batch sometimes reached its worker ~190 ms after the
-    scheduler wrote it; at 20 ms none took over 20 ms (docs/demo.md).
+    scheduler wrote it; at 20 ms none took over 20 ms (git show f1ddd8c:docs/demo.md).
     """
     default = make_consumer(KafkaSettings(bootstrap="127.0.0.1:9"), "t")
     follower = make_consumer(KafkaSettings(bootstrap="127.0.0.1:9"), "t", follower=True)
