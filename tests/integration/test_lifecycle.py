@@ -24,6 +24,7 @@ from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
 from plumbing.ports import free_port
+from scheduler.takeover import group_of
 from schemas.build import Built, build_config
 from schemas.codec import codec_for
 from schemas.messages import AdmittedRequest, Batch, EmbedInput
@@ -179,12 +180,14 @@ async def test_scheduler_sigterm_commits_done_requests_and_a_restart_replays_the
     SIGHUP with a broken file is refused, a valid file change is applied, nothing held is lost;
     SIGTERM exits 0 handing the three back uncommitted; a restart holds the same three."""
     tier = TopicPartition(f"{topic_prefix}requests.gold", 0)
-    group = f"{topic_prefix}scheduler"
     codec = codec_for(AdmittedRequest)
     svc = Service(tmp_path, kafka_settings.bootstrap, "scheduler", "--config", str(config_file),
                   "--commit-interval-ms", "100")
     services.append(svc)
     await svc.wait_ready()
+    # Each leadership commits to a group of its own (scheduler/takeover.py group_of).
+    (acquired, *_) = svc.events("leadership_acquired")
+    group = group_of(topic_prefix, acquired["epoch"])
     requests = [admitted(topic_prefix, i, expired=i < 2) for i in range(5)]
     await produce(kafka_settings, tier.topic, [codec.encode(r) for r in requests], key=b"acme",
                   headers=_MSGPACK)
