@@ -18,7 +18,7 @@ from typing import Any
 
 from schemas.messages import EmbedInput, RerankInput, Result
 
-__all__ = ["Call", "Failure", "failure_of", "retry_after_s"]
+__all__ = ["Call", "Failure", "failure_of", "field_at", "retry_after_s"]
 
 
 @dataclass(slots=True)
@@ -74,13 +74,18 @@ def failure_of(result: Result) -> Failure | None:
     return Failure(status, reason, message, _param_of(message), retry)
 
 
-def _param_of(message: str) -> str | None:
-    """The body field a decode error names (``... - at `$.input.dimensions```)."""
+def field_at(message: str) -> str | None:
+    """The field a msgspec error names (``... - at `$.input.dimensions``` -> ``input.dimensions``)."""
     at = message.rfind("$.")
     if at < 0:
         return None
-    path = message[at + 2:].rstrip("`'\". ")
-    return path.removeprefix("input.") or None
+    return message[at + 2:].rstrip("`'\". ") or None
+
+
+def _param_of(message: str) -> str | None:
+    """The request option a pipeline result's message names (its ``input.`` dropped)."""
+    path = field_at(message)
+    return path.removeprefix("input.") or None if path else None
 
 
 def retry_after_s(ms: int) -> str:

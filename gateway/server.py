@@ -44,7 +44,7 @@ import msgspec
 from aiohttp import web
 from aiokafka.errors import KafkaError
 
-from gateway.call import Call, Failure, failure_of, retry_after_s
+from gateway.call import Call, Failure, failure_of, field_at, retry_after_s
 from gateway.catalog import Catalog
 from gateway.metrics import GatewayMetrics
 from gateway.route import Route
@@ -186,7 +186,7 @@ class GatewayServer:
         try:
             body = msgspec.json.decode(raw, type=route.request_type)
         except msgspec.ValidationError as e:
-            return self._error(route, Failure(400, "invalid_body", str(e), _param(str(e))))
+            return self._error(route, Failure(400, "invalid_body", str(e), field_at(str(e))))
         except msgspec.DecodeError as e:
             return self._error(route, Failure(400, "invalid_json", f"the body is not JSON: {e}"))
         claimed = route.named_org(body) or request.headers.get("OpenAI-Organization")
@@ -284,7 +284,3 @@ class GatewayServer:
                             body=_encoder.encode(route.error(failure)),
                             content_type=_JSON, headers=headers)
 
-
-def _param(message: str) -> str | None:
-    at = message.rfind("$.")
-    return message[at + 2:].rstrip("`'\". ") or None if at >= 0 else None
