@@ -613,6 +613,7 @@ def _mutate(draw: st.DrawFn, base: Base, name: str) -> tuple[list[tuple[str, Val
         return base.with_field("org", both(org)), None, refuse("unknown_org")
     if name == "evil_org":
         org = draw(evil_string())  # cached
+        org = org if org not in CONFIG.orgs else org + "x"  # a registered name is not evil
         fields = base.with_field("org", both(org))
         if _valid_name(org):
             return fields, None, refuse("unknown_org")
