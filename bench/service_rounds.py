@@ -12,10 +12,12 @@ costs nothing beyond its I/O).
 
 - **admission**: ingress requests (JSON, keyed by org) -> ``requests.<tier>``;
   relay: each ingress record written to the tier topic as it is.
-- **scheduler**: admitted requests on ``requests.<tier>`` -> batches on
+- **scheduler**: admitted requests on ``requests.<tier>``, packed as
+  admission packs them (one pack per org per step of 100), -> batches on
   ``batches.embed``, read by a stub worker that reports each batch done the
-  moment it reads it (no model at all); relay: each tier record written to a
-  batch topic as it is.
+  moment it reads it (no model at all); relay: one tier record per request,
+  each written to a batch topic as it is (the baseline stays one record per
+  request, so the ratio shows what packs gain).
 - **worker**: batches of 64 requests -> one result per request (fake model
   at zero time); relay: each batch record answered by the same result
   records, made beforehand by the worker's own executor (the same vectors
@@ -38,6 +40,7 @@ from scheduler.service import SchedulerService
 from schemas.codec import codec_for
 from schemas.config import Config
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, Request, Result, WorkerEvent
+from schemas.packs import PACK_HEADER, encode_packed, is_pack, unpack_requests
 from schemas.topics import Topics
 from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder
@@ -47,6 +50,7 @@ __all__ = ["admission_rounds", "scheduler_rounds", "worker_rounds"]
 
 _MSGPACK = [("content-type", b"application/msgpack")]
 _JSON = [("content-type", b"application/json")]
+_PACK = [*_MSGPACK, PACK_HEADER]
 Record = tuple[bytes, bytes | None, list]  # value, key, headers
 
 
@@ -62,7 +66,7 @@ async def _send_all(kafka: KafkaSettings, topic: str, records: list[Record],
         await producer.stop()
 
 
-async def _read_until(kafka: KafkaSettings, topics: dict[str, int], count: Callable[[bytes], int],
+async def _read_until(kafka: KafkaSettings, topics: dict[str, int], count: Callable[[object], int],
                       total: int, started: asyncio.Event, timeout_s: float = 120.0) -> float:
     """Read ``topics`` from their start until ``count`` of the records reaches ``total``."""
     consumer = make_consumer(kafka, group_id=None)
@@ -78,14 +82,14 @@ async def _read_until(kafka: KafkaSettings, topics: dict[str, int], count: Calla
                 got = await consumer.getmany(timeout_ms=100)
                 for recs in got.values():
                     for rec in recs:
-                        seen += count(rec.value)
+                        seen += count(rec)
         return time.perf_counter()
     finally:
         await consumer.stop()
 
 
 async def _timed(kafka: KafkaSettings, send: Callable, out: dict[str, int],
-                 count: Callable[[bytes], int], total: int) -> float:
+                 count: Callable[[object], int], total: int) -> float:
     started = asyncio.Event()
     reader = asyncio.create_task(_read_until(kafka, out, count, total, started))
     await started.wait()
@@ -93,6 +97,11 @@ async def _timed(kafka: KafkaSettings, send: Callable, out: dict[str, int],
     t0 = time.perf_counter()
     await send()
     return await reader - t0
+
+
+def _requests_in(rec) -> int:
+    """Requests (or results) one output record carries: a pack's count, else one."""
+    return len(unpack_requests(rec.value)) if is_pack(rec.headers) else 1
 
 
 class _Relay:
@@ -174,7 +183,7 @@ async def admission_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
                           lambda rec, t=tier_topic: [(t, rec.value, rec.key, _MSGPACK)]):
             relay_s.append(await _timed(kafka, lambda t=topics.ingress, rs=records: _send_all(kafka, t, rs),
                                         {tier_topic: config.service.tier_partitions},
-                                        lambda v: 1, n))
+                                        _requests_in, n))
         await delete_topics(kafka, [tier_topic, topics.ingress])
         config = config_for()
         topics = Topics.of(config)
@@ -189,7 +198,7 @@ async def admission_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
                 while not service.readiness()[0]:
                     await asyncio.sleep(0.05)
             service_s.append(await _timed(kafka, lambda t=topics.ingress, rs=records: _send_all(kafka, t, rs),
-                                          out, lambda v: 1, n))
+                                          out, _requests_in, n))
         finally:
             service.request_stop()
             await asyncio.wait_for(task, 30)
@@ -256,7 +265,34 @@ class _StubWorker:
         await self.consumer.stop()
 
 
-def _tier_records(config: Config, n: int, words: int) -> dict[str, list[Record]]:
+def _tier_records(config: Config, n: int, words: int,
+                  step: int = 100) -> dict[str, list[Record]]:
+    """What admission writes for ``n`` requests of its orgs in turn: each step of ``step``
+    requests (its ``max_step_records``) as one pack per org (one request alone: a plain
+    record), in the order decided."""
+    topics = Topics.of(config)
+    orgs = [o for o in config.orgs if config.orgs[o].tier != "free"]
+    codec = codec_for(AdmittedRequest)
+    admitted = _admitted(n, orgs, config, words)
+    by_tier: dict[str, list[Record]] = {}
+    for at in range(0, n, step):
+        packs: dict[str, list[AdmittedRequest]] = {}
+        for q in admitted[at:at + step]:
+            packs.setdefault(q.org, []).append(q)
+        for org, reqs in packs.items():
+            topic = topics.tier(reqs[0].tier)
+            if len(reqs) == 1:
+                by_tier.setdefault(topic, []).append((codec.encode(reqs[0]), org.encode(),
+                                                      _MSGPACK))
+            else:
+                by_tier.setdefault(topic, []).append(
+                    (encode_packed([codec.encode(q) for q in reqs]), org.encode(), _PACK))
+    return by_tier
+
+
+def _single_records(config: Config, n: int, words: int) -> dict[str, list[Record]]:
+    """One record per admitted request: the relay's input (the baseline stays a record
+    per request, so the ratio shows what packs gained)."""
     topics = Topics.of(config)
     orgs = [o for o in config.orgs if config.orgs[o].tier != "free"]
     codec = codec_for(AdmittedRequest)
@@ -278,7 +314,7 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
     for _ in range(repeat):
         config = config_for()
         topics = Topics.of(config)
-        by_tier = _tier_records(config, n, words)
+        by_tier = _single_records(config, n, words)
         out_topic = f"{topics.prefix}relay-batches"
         await ensure_topics(kafka, {**topics.all(config), out_topic: 4})
         relays = [_Relay(kafka, t, lambda rec, o=out_topic: [(o, rec.value, rec.key, _MSGPACK)])
@@ -286,7 +322,7 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
         for relay in relays:
             await relay.__aenter__()
         try:
-            relay_s.append(await _timed(kafka, sender(by_tier), {out_topic: 4}, lambda v: 1, n))
+            relay_s.append(await _timed(kafka, sender(by_tier), {out_topic: 4}, _requests_in, n))
         finally:
             for relay in relays:
                 await relay.__aexit__()
@@ -365,7 +401,7 @@ async def worker_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, wor
         out = {topics.results: config.service.results_partitions}
         await ensure_topics(kafka, topics.all(config))
         async with _Relay(kafka, topics.batches("embed"), lambda rec, a=answers: a[rec.value]):
-            relay_s.append(await _timed(kafka, send, out, lambda v: 1, n))
+            relay_s.append(await _timed(kafka, send, out, _requests_in, n))
         await delete_topics(kafka, list(topics.all(config)))
 
         config = config_for()
@@ -379,7 +415,7 @@ async def worker_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, wor
             async with asyncio.timeout(30):
                 while not worker.readiness()[0]:
                     await asyncio.sleep(0.05)
-            service_s.append(await _timed(kafka, send, out, lambda v: 1, n))
+            service_s.append(await _timed(kafka, send, out, _requests_in, n))
         finally:
             worker.request_stop()
             await asyncio.wait_for(task, 30)

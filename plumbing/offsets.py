@@ -70,6 +70,11 @@ class OffsetTracker:
         else:
             del p.held[offset]  # its heap slot is dropped lazily
 
+    def holds(self, tp: Hashable, offset: int) -> bool:
+        """True while ``offset`` of ``tp`` is held (by one hold or more)."""
+        p = self._parts.get(tp)
+        return p is not None and offset in p.held
+
     def position(self, tp: Hashable) -> int | None:
         """Last consumed offset + 1 (None before the first record)."""
         p = self._parts.get(tp)

@@ -89,6 +89,11 @@ class AdmissionSettings(ServiceSettings, frozen=True):
     reply_send_attempts: Annotated[int, doc(
         "Attempts for a result on a reply topic before it goes to the dead letters (a "
         "reply topic may not exist on a cluster without auto-create).", ge=1)] = 3
+    pack_tier_records: Annotated[bool, doc(
+        "Write what one step admits for one org as one tier record (an AdmittedPack, "
+        "docs/protocol.md) instead of one record per request. Schedulers read both forms; "
+        "set false while schedulers older than packs still run (a rolling upgrade: "
+        "schedulers first).")] = True
 
 
 class SchedulerSettings(ServiceSettings, frozen=True):

@@ -309,6 +309,9 @@ class Admission:
                 id=req.id, org=req.org, endpoint=req.endpoint, tier=org.tier, input=costed.input,
                 tokens=tokens, priority=req.priority, deadline_at_ms=deadline_at_ms,
                 created_ms=created_ms, admitted_ms=now_ms, reply_to=reply_to, reply_format=fmt,
+                # Packs only on a reply topic of the sender's own: readers of the shared
+                # results topic read one result per record, as documented.
+                reply_packed=req.reply_packed and reply_to != topics.results,
             ),
             topic=topics.tier(org.tier),
         )

@@ -89,6 +89,7 @@ from producer.throttle import ThrottleState
 from schemas.codec import DecodeError, Format, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, DeadLetter, Result, SchedulerState
+from schemas.packs import PACK_HEADER, encode_packed
 from schemas.topics import Topics
 from tokens.counting import TokenCounter, load_token_counter
 
@@ -101,6 +102,10 @@ _result_codec = codec_for(Result)
 _dead_codec = codec_for(DeadLetter)
 _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", b"application/msgpack")]
+_PACK_HEADERS = [*_MSGPACK_HEADERS, PACK_HEADER]
+#: A pack's bytes beyond its requests' (its map and array headers): a pack stays
+#: within service.max_message_bytes, which the scheduler reads records up to.
+_PACK_FRAME = 64
 
 
 
@@ -139,6 +144,31 @@ class _Send(msgspec.Struct):
     tp: Any = None
     #: The record's last send: once it is written, the record's offset is released.
     last: bool = False
+    #: A pack of admitted requests: the sends it stands for, one per ingress record
+    #: (released, or failed one by one, with it).
+    members: list[_Send] | None = None
+
+
+def _packed(sends: list[_Send], max_bytes: int) -> list[_Send]:
+    """One org's admitted sends of a step as pack records of at most ``max_bytes``
+    (a request alone stays a plain record: one is not worth a pack)."""
+    out: list[_Send] = []
+    group: list[_Send] = []
+    size = 0
+    for s in [*sends, None]:
+        if s is not None and (not group or size + len(s.value) <= max_bytes):
+            group.append(s)
+            size += len(s.value)
+            continue
+        if len(group) == 1:
+            out.append(group[0])
+        elif group:
+            first = group[0]
+            out.append(_Send(first.topic, encode_packed([g.value for g in group]),
+                             first.key, _PACK_HEADERS, "admitted", members=group))
+        if s is not None:
+            group, size = [s], len(s.value)
+    return out
 
 
 class _Step(msgspec.Struct):
@@ -350,13 +380,23 @@ class AdmissionService(Service):
         step = _Step(generation=self._generation, offsets=self._offsets)
         outbox = self._outbox
         assert outbox is not None, "open() ran"
+        packing = self.settings.pack_tier_records
+        #: (tier topic, org) -> that org's admitted sends of this step, in order.
+        packs: dict[tuple[str, str], list[_Send]] = {}
         for n, (tp, rec, fetched_ms) in enumerate(taken, 1):
             for send in self._decide(rec, fetched_ms):
                 send.tp = tp
+                if packing and send.admitted is not None:
+                    packs.setdefault((send.topic, send.admitted.org), []).append(send)
+                    continue
                 step.sends.append(send)
                 outbox.add(send.topic, send.value, key=send.key, headers=send.headers)
             if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # a step is milliseconds of work: the loop's other tasks
+        for sends in packs.values():
+            for send in _packed(sends, self.config.service.max_message_bytes - _PACK_FRAME):
+                step.sends.append(send)
+                outbox.add(send.topic, send.value, key=send.key, headers=send.headers)
         step.written = await outbox.submit()
         return step
 
@@ -383,8 +423,9 @@ class AdmissionService(Service):
             elif s.status is not None:
                 counted(s.status).inc()
         for s in step.sends:
-            if s.last:
-                step.offsets.release(s.tp, s.record.offset)
+            for m in s.members or (s,):
+                if m.last:
+                    step.offsets.release(m.tp, m.record.offset)
         return True
 
     async def _commit(self, step: _Step) -> None:
@@ -523,6 +564,13 @@ class AdmissionService(Service):
         producer = self._producer
         assert producer is not None, "open() ran"
         log.error("send_failed", topic=s.topic, kind=s.kind, error=repr(error))
+        if s.members is not None:
+            # Each request of the pack as if it had been sent alone: its record to
+            # the dead letters, a failed result to its sender.
+            for m in s.members:
+                if not await self._undeliverable(m, error):
+                    return False
+            return True
         if s.kind == "dead_letter" or s.record is None:
             return True  # nowhere left to keep it; logged above
         letter = _dead_codec.encode(dead_letter(s.record, f"{s.kind}_undeliverable",

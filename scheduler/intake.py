@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -59,6 +60,7 @@ from scheduler.snapshot import Backlog, HopTime
 from schemas.codec import DecodeError, codec_for, content_type, format_from_headers
 from schemas.config import Config
 from schemas.messages import AdmittedRequest, Result
+from schemas.packs import is_pack, unpack_requests
 from schemas.topics import Topics
 
 __all__ = ["TierIntake", "send_result"]
@@ -69,6 +71,9 @@ _request_codec = codec_for(AdmittedRequest)
 _result_codec = codec_for(Result)
 #: A legal Kafka topic name (``schemas.messages.TopicName``).
 _LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._\-]{1,249}")
+#: The headers of one pack item dead-lettered alone: its bytes are in the pack's encoding.
+_ITEM_HEADERS = {"json": [("content-type", b"application/json")],
+                 "msgpack": [("content-type", b"application/msgpack")]}
 #: Resume intake below this fraction of max_held_requests.
 _RESUME_AT = 0.9
 #: Longest wait for the commit of a revoked partition (or at stop).
@@ -257,9 +262,8 @@ class TierIntake:
                 for rec in records:
                     if tp not in self.assigned:
                         break  # revoked while we yielded: the next owner reads the rest
-                    if (why := self._hold(tp, rec, now_ms, received)) is not None:
-                        await self._reject(rec, *why)
-                        self.offsets.consumed(tp, rec.offset)
+                    for bad, reason, error in self._hold_record(tp, rec, now_ms, received):
+                        await self._reject(bad, reason, error)
                     taken += 1
                     if taken % _YIELD_EVERY == 0:
                         # The dispatcher (a freed slot), and the consumers'
@@ -289,26 +293,56 @@ class TierIntake:
     async def _take(self, tp: TopicPartition, rec) -> None:
         """One tier record into the core, or to the dead letters (what :meth:`run` does)."""
         received: dict[str, int] = {}
-        if (why := self._hold(tp, rec, int(time.time() * 1000), received)) is not None:
-            await self._reject(rec, *why)
-            self.offsets.consumed(tp, rec.offset)
+        for bad, reason, error in self._hold_record(tp, rec, int(time.time() * 1000), received):
+            await self._reject(bad, reason, error)
         for tier, n in received.items():
             self.metrics.received_counter(tier).inc(n)
             self.totals["received"] += n
 
-    def _hold(self, tp: TopicPartition, rec, now_ms: int,
-              received: dict[str, int]) -> tuple[str, str] | None:
-        """Push one record's request into the core; (reason, error) if it must be rejected."""
+    def _hold_record(self, tp: TopicPartition, rec, now_ms: int,
+                     received: dict[str, int]) -> list[tuple[object, str, str]]:
+        """Push a record's requests (one, or a pack's) into the core; returns what must be
+        rejected: (the record, or one pack item as a record of its own bytes, reason, error).
+
+        The record's offset stays held while any request of it is held; one
+        bad item of a pack is rejected alone, and the others are held.
+        """
+        max_bytes = self.config.service.max_message_bytes
         try:
-            req = _request_codec.decode(rec.value, format_from_headers(rec.headers),
-                                        max_bytes=self.config.service.max_message_bytes)
+            fmt = format_from_headers(rec.headers)
+            if not is_pack(rec.headers):
+                req = _request_codec.decode(rec.value, fmt, max_bytes=max_bytes)
+                why = self._hold(tp, rec.offset, req, now_ms, received)
+                return [] if why is None else self._rejected(tp, rec, *why)
+            items = unpack_requests(rec.value, fmt, max_bytes=max_bytes)
         except DecodeError as e:
-            return e.reason, str(e)
+            return self._rejected(tp, rec, e.reason, str(e))
+        self.totals["packs"] = self.totals.get("packs", 0) + 1
+        out: list[tuple[object, str, str]] = []
+        for item in items:
+            if item.value is None:
+                assert item.error is not None
+                why = item.error.reason, str(item.error)
+            else:
+                why = self._hold(tp, rec.offset, item.value, now_ms, received)
+            if why is not None:
+                alone = dataclasses.replace(rec, value=item.raw, headers=_ITEM_HEADERS[fmt])
+                out += self._rejected(tp, alone, *why)
+        return out
+
+    def _rejected(self, tp: TopicPartition, rec, reason: str,
+                  error: str) -> list[tuple[object, str, str]]:
+        self.offsets.consumed(tp, rec.offset)
+        return [(rec, reason, error)]
+
+    def _hold(self, tp: TopicPartition, offset: int, req: AdmittedRequest, now_ms: int,
+              received: dict[str, int]) -> tuple[str, str] | None:
+        """Push one request into the core; (reason, error) if it must be rejected."""
         if req.id in self.skip:
             # A predecessor's batch holds it, and a worker serves that batch.
             self.skipped += 1
             self.totals["taken_over_dispatched"] = self.totals.get("taken_over_dispatched", 0) + 1
-            self.offsets.consumed(tp, rec.offset)
+            self.offsets.consumed(tp, offset)
             return None
         if self.admitted_through_ms is None or req.admitted_ms > self.admitted_through_ms:
             self.admitted_through_ms = req.admitted_ms
@@ -328,15 +362,17 @@ class TierIntake:
                       arrival=now_ms / 1000, payload=req)
         received[tier] = received.get(tier, 0) + 1
         if self.core.push(req.endpoint, entry):
-            self.offsets.hold(tp, rec.offset)
-            self._origin[req.id] = (tp, rec.offset)
+            self.offsets.hold(tp, offset)
+            self._origin[req.id] = (tp, offset)
             floor = self._takeover_floor_ms if self._replaying else None
-            self._floor_at[(tp, rec.offset)] = now_ms if floor is None else min(floor, now_ms)
+            at = now_ms if floor is None else min(floor, now_ms)
+            # A pack's requests share one offset: its floor is its first one's.
+            self._floor_at.setdefault((tp, offset), at)
             self.backlog.add(req.endpoint, tier, req.org, req.tokens)
         else:
             self.totals["duplicates"] += 1
             self.metrics.duplicates.labels(tier).inc()
-            self.offsets.consumed(tp, rec.offset)
+            self.offsets.consumed(tp, offset)
         return None
 
     async def _reject(self, rec, reason: str, error: str) -> None:
@@ -422,7 +458,8 @@ class TierIntake:
         origin = self._origin.pop(request_id, None)
         if origin is not None:
             self.offsets.release(*origin)
-            self._floor_at.pop(origin, None)
+            if not self.offsets.holds(*origin):  # a pack's last request
+                self._floor_at.pop(origin, None)
 
     def check_pressure(self) -> None:
         """Pause at max_held_requests, resume below 90 % of it."""

@@ -32,6 +32,7 @@ from schemas.options import (
 
 __all__ = [
     "TERMINAL_STATUSES",
+    "AdmittedPack",
     "AdmittedRequest",
     "Batch",
     "BatchTiming",
@@ -49,6 +50,7 @@ __all__ = [
     "RequestId",
     "RerankInput",
     "Result",
+    "ResultPack",
     "SchedulerState",
     "Status",
     "WorkerEvent",
@@ -132,6 +134,9 @@ class Request(Message, kw_only=True):
     deadline_ms: DurationMs | None = None
     created_ms: EpochMs | None = None
     reply_to: TopicName | None = None
+    #: Ask for results several to a record (a ``ResultPack``, ``docs/protocol.md``)
+    #: on ``reply_to``: for a reader that reads its own reply topic and decodes packs.
+    reply_packed: bool = False
     tier: str | None = None
     weight: float | None = None
 
@@ -157,11 +162,24 @@ class AdmittedRequest(Message, kw_only=True):
     reply_to: TopicName
     #: ``json`` or ``msgpack``: results go back in the encoding the request came in.
     reply_format: Literal["json", "msgpack"] = "json"
+    #: The sender asked for its results packed (``Request.reply_packed``).
+    reply_packed: bool = False
     #: When admission read it off the ingress topic (``admitted_ms`` is when it
     #: decided), and when the scheduler read it off its tier topic: stamps of
     #: where a request's time goes, carried into its result.
     fetched_ms: EpochMs | None = None
     received_ms: EpochMs | None = None
+
+
+class AdmittedPack(Message, kw_only=True):
+    """Several admitted requests of one org in one record of ``requests.<tier>``.
+
+    The record carries the header ``sf-pack: 1`` (:mod:`schemas.packs`); a
+    record without it holds one ``AdmittedRequest``, and the scheduler reads
+    both. Order is the order admission decided them in.
+    """
+
+    requests: Annotated[list[AdmittedRequest], Meta(min_length=1)]
 
 
 class Batch(Message, kw_only=True):
@@ -260,6 +278,16 @@ class Result(Message, kw_only=True):
     #: that came in with nothing held, sent ahead of the orgs' turns, so a
     #: replay leaves its batch out of Jain's index as the simulator does.
     express: bool = False
+
+
+class ResultPack(Message, kw_only=True):
+    """Several results in one reply record, for senders that asked (``reply_packed``).
+
+    The record carries the header ``sf-pack: 1``; results of one pack may
+    belong to different requests of the same reply topic.
+    """
+
+    results: Annotated[list[Result], Meta(min_length=1)]
 
 
 class BatchTiming(Message, kw_only=True):

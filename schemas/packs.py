@@ -1,0 +1,148 @@
+"""Packs: several messages in one Kafka record, each read on its own.
+
+A record of ``requests.<tier>`` (or of a reply topic) holds either one
+message, as it always did, or a pack of them: a record with the header
+``sf-pack: 1`` beside its ``content-type``, whose value is an
+:class:`~schemas.messages.AdmittedPack` (``{"requests": [...]}``) or a
+:class:`~schemas.messages.ResultPack` (``{"results": [...]}``). The header
+names the form, so a reader tells them apart without parsing and reads
+both during a rolling upgrade; a version it does not know is an error,
+never a guess.
+
+Reading a pack never loses its good items for a bad one: the outer shape
+is decoded with each item left as raw bytes, then each item on its own.
+One item that fails validation is one :class:`DecodeError` (with its own
+bytes, for its dead letter) among the items that decoded.
+
+Pure: bytes and headers in, messages out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+import msgspec
+
+from schemas.codec import Codec, DecodeError, Format, codec_for
+from schemas.messages import AdmittedPack, AdmittedRequest, Result, ResultPack
+
+__all__ = [
+    "PACK_HEADER",
+    "Item",
+    "encode_requests",
+    "encode_packed",
+    "encode_results",
+    "is_pack",
+    "unpack_requests",
+    "unpack_results",
+]
+
+#: The header that marks a pack, and the one version this code writes and reads.
+PACK_KEY = "sf-pack"
+PACK_VERSION = b"1"
+PACK_HEADER = (PACK_KEY, PACK_VERSION)
+
+T = TypeVar("T")
+
+
+class _RawRequests(msgspec.Struct):
+    requests: list[msgspec.Raw]
+
+
+class _RawResults(msgspec.Struct):
+    results: list[msgspec.Raw]
+
+
+_outer = {
+    (_RawRequests, "json"): msgspec.json.Decoder(_RawRequests),
+    (_RawRequests, "msgpack"): msgspec.msgpack.Decoder(_RawRequests),
+    (_RawResults, "json"): msgspec.json.Decoder(_RawResults),
+    (_RawResults, "msgpack"): msgspec.msgpack.Decoder(_RawResults),
+}
+_json = msgspec.json.Encoder()
+_msgpack = msgspec.msgpack.Encoder()
+
+
+class Item(msgspec.Struct, Generic[T]):
+    """One item of a pack: its own bytes, and the message or why it could not be read."""
+
+    raw: bytes
+    value: T | None = None
+    error: DecodeError | None = None
+
+
+def is_pack(headers: Sequence[tuple[str, bytes]] | None) -> bool:
+    """True when ``headers`` mark a pack of the version this code reads.
+
+    A pack of another version raises :class:`DecodeError` (``unsupported_pack``):
+    read as one message it would fail with a misleading error.
+    """
+    for key, value in headers or ():
+        if key == PACK_KEY:
+            if value == PACK_VERSION:
+                return True
+            raise DecodeError("unsupported_pack",
+                              f"pack version {value!r} is not supported (this reader knows "
+                              f"{PACK_VERSION!r}): upgrade the reader first")
+    return False
+
+
+def encode_requests(requests: list[AdmittedRequest], fmt: Format = "msgpack") -> bytes:
+    """One :class:`AdmittedPack` record value; at least one request."""
+    pack = AdmittedPack(requests=requests)
+    return _json.encode(pack) if fmt == "json" else _msgpack.encode(pack)
+
+
+def encode_results(results: list[Result], fmt: Format = "msgpack") -> bytes:
+    """One :class:`ResultPack` record value; at least one result."""
+    pack = ResultPack(results=results)
+    return _json.encode(pack) if fmt == "json" else _msgpack.encode(pack)
+
+
+def encode_packed(values: list[bytes], field: str = "requests") -> bytes:
+    """A pack's msgpack value from its items already encoded as msgpack (each one
+    message): the bytes are copied in, not encoded again."""
+    raws = [msgspec.Raw(v) for v in values]
+    return _msgpack.encode(_RawRequests(raws) if field == "requests" else _RawResults(raws))
+
+
+def _unpack(data: bytes | None, fmt: Format, outer: type, field: str, codec: Codec[T],
+            max_bytes: int | None) -> list[Item[T]]:
+    if data is None:
+        raise DecodeError("empty", "record has no value")
+    if max_bytes is not None and len(data) > max_bytes:
+        raise DecodeError("too_large", f"pack is {len(data)} bytes, the limit is {max_bytes}")
+    try:
+        raws: list[msgspec.Raw] = getattr(_outer[outer, fmt].decode(data), field)
+    except msgspec.ValidationError as e:
+        raise DecodeError("invalid", f"pack: {e}") from None
+    except (msgspec.DecodeError, RecursionError, MemoryError, UnicodeDecodeError,
+            ValueError) as e:
+        raise DecodeError("malformed", f"pack: not valid {fmt}: {e}") from None
+    if not raws:
+        raise DecodeError("invalid", f"pack: Expected `array` of length >= 1 - at `$.{field}`")
+    items: list[Item[T]] = []
+    for i, raw in enumerate(raws):
+        one = bytes(raw)
+        try:
+            items.append(Item(one, codec.decode(one, fmt)))
+        except DecodeError as e:
+            items.append(Item(one, error=DecodeError(e.reason, f"{field}[{i}]: {e}")))
+    return items
+
+
+def unpack_requests(data: bytes | None, fmt: Format = "msgpack", *,
+                    max_bytes: int | None = None) -> list[Item[AdmittedRequest]]:
+    """The items of an :class:`AdmittedPack`, each decoded on its own.
+
+    Raises :class:`DecodeError` only when the pack itself cannot be read
+    (then no item can be told apart from another).
+    """
+    return _unpack(data, fmt, _RawRequests, "requests", codec_for(AdmittedRequest), max_bytes)
+
+
+def unpack_results(data: bytes | None, fmt: Format = "msgpack", *,
+                   max_bytes: int | None = None) -> list[Item[Result]]:
+    """The items of a :class:`ResultPack`, each decoded on its own."""
+    return _unpack(data, fmt, _RawResults, "results", codec_for(Result), max_bytes)
