@@ -30,8 +30,8 @@ from schemas.messages import AdmittedPack, AdmittedRequest, Result, ResultPack
 __all__ = [
     "PACK_HEADER",
     "Item",
-    "encode_requests",
     "encode_packed",
+    "encode_requests",
     "encode_results",
     "is_pack",
     "unpack_requests",
