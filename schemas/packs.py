@@ -20,7 +20,7 @@ Pure: bytes and headers in, messages out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -54,7 +54,7 @@ class _RawResults(msgspec.Struct):
     results: list[msgspec.Raw]
 
 
-_outer = {
+_outer: dict[tuple[type, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decoder[Any]] = {
     (_RawRequests, "json"): msgspec.json.Decoder(_RawRequests),
     (_RawRequests, "msgpack"): msgspec.msgpack.Decoder(_RawRequests),
     (_RawResults, "json"): msgspec.json.Decoder(_RawResults),
