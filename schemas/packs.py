@@ -60,12 +60,19 @@ _outer: dict[tuple[type, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decod
     (_RawResults, "json"): msgspec.json.Decoder(_RawResults),
     (_RawResults, "msgpack"): msgspec.msgpack.Decoder(_RawResults),
 }
+_typed: dict[tuple[type, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decoder[Any]] = {
+    (_RawRequests, "msgpack"): msgspec.msgpack.Decoder(AdmittedPack),
+    (_RawResults, "msgpack"): msgspec.msgpack.Decoder(ResultPack),
+    (_RawRequests, "json"): msgspec.json.Decoder(AdmittedPack),
+    (_RawResults, "json"): msgspec.json.Decoder(ResultPack),
+}
 _json = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()
 
 
 class Item(msgspec.Struct, Generic[T]):
-    """One item of a pack: its own bytes, and the message or why it could not be read."""
+    """One item of a pack: the message, or why it could not be read and its own bytes
+    (``raw``, for its dead letter; empty when the whole pack decoded at once)."""
 
     raw: bytes
     value: T | None = None
@@ -113,6 +120,15 @@ def _unpack(data: bytes | None, fmt: Format, outer: type, field: str, codec: Cod
         raise DecodeError("empty", "record has no value")
     if max_bytes is not None and len(data) > max_bytes:
         raise DecodeError("too_large", f"pack is {len(data)} bytes, the limit is {max_bytes}")
+    # The common case first: the whole pack in one typed decode (about half the
+    # cost of an item at a time). Items keep no bytes then: none is rejected.
+    typed = _typed.get((outer, fmt))
+    if typed is not None:
+        try:
+            return [Item(b"", v) for v in getattr(typed.decode(data), field)]
+        except (msgspec.DecodeError, RecursionError, MemoryError, UnicodeDecodeError,
+                ValueError):
+            pass  # read item by item below, to tell the good from the bad
     try:
         raws: list[msgspec.Raw] = getattr(_outer[outer, fmt].decode(data), field)
     except msgspec.ValidationError as e:
