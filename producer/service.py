@@ -305,12 +305,11 @@ class AdmissionService(Service):
         assert consumer is not None, "open() ran"
         try:
             while not self.stopping and not settler.done():
-                now = time.monotonic()
-                shaper = self._shaping(now)
                 if len(self._ahead) < s.read_ahead_records:
                     # Nothing held: wait for records; all of it shaped: for them or
                     # until the first allowance is due, whichever comes first.
-                    due = self._ahead.due_in(shaper, now)
+                    now = time.monotonic()
+                    due = self._ahead.due_in(self._shaping(now), now)
                     wait_ms = s.poll_timeout_ms if due is None else min(
                         s.poll_timeout_ms, math.ceil(due * 1000))
                     try:
@@ -328,8 +327,13 @@ class AdmissionService(Service):
                         self._ahead.add(tp, records, fetched_ms)
                 if not self._ahead.held:
                     continue
-                taken = self._ahead.take(s.max_step_records, s.max_step_bytes, shaper=shaper,
-                                         now=time.monotonic())
+                # Chosen after the fetch, not before it: a snapshot read while the
+                # fetch waited (the first one after a takeover or a fresh start)
+                # paces the records that fetch returned, and the read-ahead is
+                # measured with them in it.
+                now = time.monotonic()
+                taken = self._ahead.take(s.max_step_records, s.max_step_bytes,
+                                         shaper=self._shaping(now), now=now)
                 if not taken:
                     continue  # every org held is waiting for its allowance
                 step = await self._step(taken)
