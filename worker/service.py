@@ -80,13 +80,14 @@ from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
-from schemas.messages import Batch, BatchTiming, Result, WorkerEvent
+from schemas.messages import Batch, BatchTiming, WorkerEvent
 from schemas.topics import Topics
 from worker.answered import AnsweredIds
 from worker.credit_return import release_delay_s
 from worker.execute import BatchExecutor, MicrobatchStats, Served
 from worker.metrics import WorkerMetrics
 from worker.model_thread import ModelThread
+from worker.replies import Reply, replies
 
 __all__ = ["WorkerService", "WorkerSettings", "WorkerStats", "add_arguments", "in_thread",
            "load_model", "run"]
@@ -94,10 +95,8 @@ __all__ = ["WorkerService", "WorkerSettings", "WorkerStats", "add_arguments", "i
 log = structlog.get_logger("worker")
 
 _batch_codec = codec_for(Batch)
-_result_codec = codec_for(Result)
 _event_codec = codec_for(WorkerEvent)
 _MSGPACK_HEADERS = [("content-type", content_type("msgpack").encode())]
-_CONTENT_TYPE = {fmt: [("content-type", content_type(fmt).encode())] for fmt in ("json", "msgpack")}
 
 
 
@@ -540,7 +539,7 @@ class WorkerService(Service):
 
     async def _serve_bound(self, tp: TopicPartition, offset: int, batch: Batch) -> None:
         t0 = time.perf_counter()
-        written: list[tuple[list[Served], Written]] = []
+        written: list[tuple[list[Reply], Written]] = []
         served: list[Served] = []
         ok: list[Served] = []
         results_ok = False
@@ -554,8 +553,8 @@ class WorkerService(Service):
                 # One write per micro-batch: its results leave together.
                 for s in done:
                     s.result.taken_ms = taken
-                    self._publish(s.request, s.result)
-                written.append((done, await self._outbox.submit()))
+                records = self._publish(done)
+                written.append((records, await self._outbox.submit()))
                 served.extend(done)
             # Its service time: the seconds it had the model (not its waits
             # for another batch's calls), what flow control's rate is made of.
@@ -625,18 +624,29 @@ class WorkerService(Service):
                               org=req.org, tier=req.tier, reason=s.result.reason,
                               message=(s.result.message or "")[:300])
 
-    def _publish(self, req, result: Result) -> None:
-        fmt = req.reply_format
-        self._outbox.add(req.reply_to, _result_codec.encode(result, fmt), key=result.id.encode(),
-                         headers=_CONTENT_TYPE[fmt])
+    def _publish(self, done: list[Served]) -> list[Reply]:
+        """Queue the records of one micro-batch's results (:mod:`worker.replies`): one
+        per result, or packs for the senders that asked."""
+        records = replies(done, self.config.service.max_message_bytes)
+        for r in records:
+            self._outbox.add(r.topic, r.value, key=r.key, headers=r.headers)
+        return records
 
-    async def _await_sends(self, written: list[tuple[list[Served], Written]]) -> bool:
-        """Wait for every result of the batch; count and log each acknowledged one."""
+    async def _await_sends(self, written: list[tuple[list[Reply], Written]]) -> bool:
+        """Wait for every result of the batch; count and log each acknowledged one.
+
+        A record's outcome is each of its results' outcome: a pack
+        acknowledged counts every result in it, a pack refused fails each.
+        """
         failed: list[BaseException] = []
-        for done, w in written:
+        for records, w in written:
             outcomes = await w.outcomes()
-            written_ok = [s for s, error in zip(done, outcomes, strict=True) if error is None]
-            failed.extend(error for error in outcomes if error is not None)
+            written_ok: list[Served] = []
+            for r, error in zip(records, outcomes, strict=True):
+                if error is None:
+                    written_ok.extend(r.members)
+                else:
+                    failed.extend([error] * len(r.members))
             self._results_written(written_ok, time.time())
         if failed:
             # The offset stays uncommitted: a restart (or the next owner) serves it again.
