@@ -14,7 +14,8 @@ the last one's results, so neither costs the model time.
 
 For each batch (:mod:`worker.execute` does the model part): results are
 published micro-batch by micro-batch to each request's ``reply_to``, keyed
-by request id, in the request's ``reply_format``; once every result is
+by request id, in the request's ``reply_format`` (several to a record for
+the senders that asked, :mod:`worker.replies`); once every result is
 acknowledged, ``batch_done`` reports per-request timings (fed to the
 scheduler's adaptive cost) and the batch's offset is committed. A request
 with bad input fails alone. A record that is not a batch at all goes to the
