@@ -16,6 +16,13 @@ else to the next reader of :meth:`FairnessClient.results` (or a later
 ``result(id)`` call). Later copies are dropped. The client remembers the last
 ``remember_ids`` delivered ids for that.
 
+Results come one to a record, or several to a record (a ``ResultPack``,
+:mod:`schemas.packs`) when the request asked (``reply_packed``): the client
+asks for its reply topic unless ``packed_replies`` is off, and reads both
+forms, each result of a pack delivered as if it came alone. A result that
+does not decode (a bad record, a bad item of a pack, a pack that cannot be
+read at all) is logged and skipped; the reader goes on.
+
 Only results that arrive after the client started are read: a given,
 shared reply topic may hold older ones (records older than the start minus
 ``clock_skew_ms`` are skipped).
@@ -55,7 +62,7 @@ import sys
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -80,6 +87,7 @@ from schemas.codec import DecodeError, Format, codec_for, content_type, format_f
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import EmbedInput, Request, RerankInput, Result
 from schemas.options import RequestOptions
+from schemas.packs import is_pack, unpack_results
 from schemas.topics import Topics
 from schemas.vectors import decode_embeddings
 
@@ -91,6 +99,7 @@ __all__ = [
     "embed_input",
     "rerank_input",
     "result_for_display",
+    "results_in",
     "run",
 ]
 
@@ -117,7 +126,12 @@ class FairnessClient(StartStop):
 
     ``config_or_prefix`` is the deployment's :class:`Config` or just its
     topic prefix (then the reply prefix is the default ``replies.``).
-    Fixed at construction: topics, encoding, client id. The delivery tables
+    ``packed_replies`` (default on): requests answered on this client's reply
+    topic ask for their results packed, several to a record, which cuts the
+    records (and the fetches) a burst of results costs; it is off for the
+    shared results topic (admission never packs there), and should be turned
+    off for a given ``reply_topic`` that readers older than packs also read.
+    Fixed at construction: topics, encoding, client id, packing. The delivery tables
     are mutated only by the reader task and the public coroutines.
     """
 
@@ -134,6 +148,7 @@ class FairnessClient(StartStop):
         lost_grace_s: float = 10.0,
         stop_timeout_s: float = 10.0,
         keep_unclaimed: bool = True,
+        packed_replies: bool = True,
     ):
         if isinstance(config_or_prefix, Config):
             self.topics = Topics.of(config_or_prefix)
@@ -161,6 +176,8 @@ class FairnessClient(StartStop):
         #: and counted in :attr:`unclaimed`, instead of kept for :meth:`results`.
         #: A gateway, whose every request has a waiter, holds nothing for nobody.
         self.keep_unclaimed = keep_unclaimed
+        #: Requests answered on :attr:`reply_topic` ask for packed results.
+        self.packed_replies = packed_replies and self.reply_topic != self.topics.results
         self.unclaimed = 0
         self.duplicates = 0
         self._producer: Producer | None = None
@@ -300,14 +317,18 @@ class FairnessClient(StartStop):
         and a ``created_ms`` (now) when it has none, then is checked against
         the schema (``msgspec.ValidationError`` names a bad field). A
         :class:`Request` gets ``reply_to`` and ``created_ms`` the same way.
+        One answered on this client's topic gets ``reply_packed`` from
+        :attr:`packed_replies` (this client is its reader; see :meth:`asks_packed`).
         """
         if self._producer is None:
             raise RuntimeError("FairnessClient is not started (use `async with`)")
         now = int(time.time() * 1000)
         if isinstance(request, Request):
+            reply_to = request.reply_to or self.reply_topic
             req = msgspec.structs.replace(
                 request,
-                reply_to=request.reply_to or self.reply_topic,
+                reply_to=reply_to,
+                reply_packed=self.asks_packed(reply_to, request.reply_packed),
                 created_ms=request.created_ms if request.created_ms is not None else now,
             )
         else:
@@ -315,6 +336,8 @@ class FairnessClient(StartStop):
             fields.setdefault("id", uuid.uuid4().hex)
             fields.setdefault("reply_to", self.reply_topic)
             fields.setdefault("created_ms", now)
+            if fields["reply_to"] == self.reply_topic:
+                fields["reply_packed"] = self.packed_replies
             req = msgspec.convert(fields, Request)
         # Outstanding from before the send: a send in progress when the broker
         # loses its topics may land nowhere, and must count as in flight.
@@ -337,6 +360,11 @@ class FairnessClient(StartStop):
                 self._pace()
             raise
         return req.id
+
+    def asks_packed(self, reply_to: str | None, asked: bool = False) -> bool:
+        """``reply_packed`` for a request answered on ``reply_to``: this client's choice
+        on its own reply topic (it reads it), else what the request ``asked``."""
+        return self.packed_replies if reply_to == self.reply_topic else asked
 
     async def result(self, request_id: str, timeout: float | None = 30.0) -> Result:
         """The result of ``request_id``; raises ``TimeoutError`` naming the id after ``timeout`` s.
@@ -421,13 +449,16 @@ class FairnessClient(StartStop):
                 for rec in records:
                     if rec.timestamp is not None and 0 <= rec.timestamp < oldest_ms:
                         continue
-                    try:
-                        res = _result_codec.decode(rec.value, format_from_headers(rec.headers))
-                    except DecodeError as e:
-                        log.warning("result_undecodable", topic=rec.topic, offset=rec.offset,
-                                    error=str(e))
-                        continue
-                    self._deliver(res)
+                    self._take(rec)
+
+    def _take(self, rec: Any) -> None:
+        """Deliver the results of one reply record; log (and skip) what does not decode."""
+        for got in results_in(rec.value, rec.headers):
+            if isinstance(got, DecodeError):
+                log.warning("result_undecodable", topic=rec.topic, offset=rec.offset,
+                            reason=got.reason, error=str(got))
+                continue
+            self._deliver(got)
 
     def _pace(self) -> None:
         """Poll the reply topic at ``fetch_max_wait_ms`` while a request is in flight, else idle.
@@ -471,6 +502,22 @@ class FairnessClient(StartStop):
         while len(self._ready) > self.remember_ids:  # nobody is collecting: keep the newest
             self._ready.popitem(last=False)
         self._arrived.set()
+
+
+def results_in(value: bytes | None,
+               headers: Sequence[tuple[str, bytes]] | None) -> list[Result | DecodeError]:
+    """The results one reply record carries, in order: its one result, or each item of a
+    pack; one that does not decode (or a pack that cannot be read at all) as its
+    :class:`DecodeError`, in its place. Never raises one: a reader goes on past it."""
+    try:
+        fmt = format_from_headers(headers)
+        if not is_pack(headers):
+            return [_result_codec.decode(value, fmt)]
+        items = unpack_results(value, fmt)
+    except DecodeError as e:
+        return [e]
+    return [item.value if item.value is not None else
+            item.error or DecodeError("invalid", "pack item without a value") for item in items]
 
 
 # -- request options -------------------------------------------------------------
