@@ -25,7 +25,8 @@ the ones after it), and the achieved rate and lateness are reported. Every
 request goes out with a **fresh id** (``<run>-<n>``; the mapping back to
 the original id, and for topic windows to topic/partition/offset, is in
 ``id_map.jsonl``), ``reply_to`` set to the replay client's own reply topic
-and ``created_ms`` set to the send time, so a replay can run next to
+(with ``reply_packed``: its results come several to a record, and the
+client reads both forms) and ``created_ms`` set to the send time, so a replay can run next to
 production traffic and its deadlines keep their meaning. ``--to-topic``
 (default: the configuration's ingress topic) sends elsewhere, e.g. into a
 pipeline with another prefix for a what-if run.
@@ -39,7 +40,8 @@ send; none is dropped. What comes back is counted by id as well (in
 dropped (written twice: dispatched twice); ``delivered_twice``, ids the
 client handed over more than once (it promises each once: the first is
 kept, the rest counted, never silently dropped); ``foreign_results``,
-results for ids this replay never sent. A quiet replay has 0 of each. Outcome ids are the *original* ids, so a replay and
+results for ids this replay never sent (all three per result id, whether
+it came alone or in a pack). A quiet replay has 0 of each. Outcome ids are the *original* ids, so a replay and
 a simulation of one trace join request by request. Times are seconds from
 the scheduled start; a request's latency runs from its send to the end of
 its batch (the worker's ``completed_ms``, clamped to when the result was
@@ -298,6 +300,7 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
             lags.append(now_mono - due)
             req = msgspec.structs.replace(item.request, id=wire_ids[i],
                                           reply_to=client.reply_topic,
+                                          reply_packed=client.asks_packed(client.reply_topic),
                                           created_ms=int(now_wall * 1000))
             sent_at[i] = now_wall
             outbox.add(to_topic, _request_codec.encode(req, item.wire_format),

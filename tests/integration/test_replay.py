@@ -119,6 +119,7 @@ async def test_replay_of_the_middle_window_resends_exactly_its_records(
         assert req.id != orig.id and req.id.startswith(run.stats["run_id"])
         assert origin.startswith(f"{ingress}/")
         assert req.reply_to == run.stats["reply_topic"] != orig.reply_to
+        assert req.reply_packed, "the replay reads its own reply topic: results packed"
         assert (req.org, req.endpoint, req.input, req.priority, req.deadline_ms) == (
             orig.org, orig.endpoint, orig.input, orig.priority, orig.deadline_ms)
         assert fmt == ("msgpack" if int(orig.id.split("-")[1]) % 2 else "json")
