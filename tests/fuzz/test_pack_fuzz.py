@@ -19,6 +19,7 @@ import msgspec
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from scheduler import intake as intake_module
 from schemas.codec import DecodeError, codec_for
 from schemas.messages import AdmittedRequest, DeadLetter
 from schemas.packs import PACK_HEADER, encode_packed, unpack_requests
@@ -32,7 +33,6 @@ from tests.fuzz.test_internal_decoders_fuzz import (
     _scheduler,
     _tier_record,
 )
-from scheduler import intake as intake_module
 
 _SEEDS = st.integers(0, 2**64 - 1)
 _codec = codec_for(AdmittedRequest)
