@@ -38,10 +38,10 @@ from plumbing.kafka import KafkaSettings, make_consumer, make_producer
 from plumbing.topics import delete_topics, ensure_topics
 from producer.service import AdmissionService, AdmissionSettings
 from scheduler.service import SchedulerService
-from schemas.codec import codec_for
+from schemas.codec import DecodeError, codec_for, format_from_headers
 from schemas.config import Config
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, Request, Result, WorkerEvent
-from schemas.packs import PACK_HEADER, encode_packed, is_pack, unpack_requests
+from schemas.packs import PACK_HEADER, encode_packed, is_pack, unpack_requests, unpack_results
 from schemas.topics import Topics
 from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder
@@ -101,8 +101,18 @@ async def _timed(kafka: KafkaSettings, send: Callable, out: dict[str, int],
 
 
 def _requests_in(rec) -> int:
-    """Requests (or results) one output record carries: a pack's count, else one."""
-    return len(unpack_requests(rec.value)) if is_pack(rec.headers) else 1
+    """Requests (or results) one output record carries: a pack's count, else one.
+
+    A pack of admitted requests (admission's) or of results (a worker's, for a
+    sender that asked): the same header, told apart by the field it holds.
+    """
+    if not is_pack(rec.headers):
+        return 1
+    fmt = format_from_headers(rec.headers)
+    try:
+        return len(unpack_requests(rec.value, fmt))
+    except DecodeError:
+        return len(unpack_results(rec.value, fmt))
 
 
 class _Relay:
