@@ -6,7 +6,8 @@ back once; on the reply topics themselves (read raw, each record as it was
 written) every result is there exactly once, the packed clients' topics
 hold packs, none larger than ``service.max_message_bytes`` (set low enough
 that a micro-batch's results need more than one), and the other client's
-topic holds plain records only.
+topic holds plain records only. The HTTP gateway, built on the client,
+gets its results packed too and answers each request.
 """
 
 from __future__ import annotations
@@ -14,14 +15,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import aiohttp
 import msgspec
 import pytest
 from aiokafka.structs import TopicPartition
 
+from app.stack import Stack
+from gateway.keys import hash_key, new_key
 from plumbing.kafka import KafkaSettings, make_consumer, stop_consumer
+from plumbing.service_settings import GatewaySettings
 from producer.client import FairnessClient, results_in
 from producer.service import AdmissionService, AdmissionSettings
 from scheduler.service import SchedulerService
+from schemas.build import build_config
 from schemas.codec import DecodeError
 from schemas.packs import is_pack
 from tests.integration.pipeline_setup import fake_worker, make_config, running
@@ -114,3 +120,27 @@ async def test_packed_replies_through_the_pipeline_each_result_once(kafka_settin
         assert all(len(rec.value) <= MAX_MESSAGE_BYTES for rec in packs), name
     assert not [rec for rec in raw["plain"] if is_pack(rec.headers)]
     assert len(raw["plain"]) == len(sent["plain"])
+
+
+async def test_the_gateway_gets_packed_replies_through_its_client(kafka_settings, topic_prefix):
+    """Concurrent HTTP requests: answered each, their results packed on the gateway's topic."""
+    key = new_key()
+    cfg = build_config(
+        prefix=topic_prefix, heartbeat_ms=200, state_interval_ms=100, tier_partitions=1,
+        endpoints={"embed": {"partitions": 1, "max_batch_size": 4}},
+        orgs={"acme": {"tier": "gold", "api_keys": [hash_key(key)]}}).config
+    async with Stack(cfg, kafka_settings, model="fake:ms_per_batch=100", worker_slots=1,
+                     gateway=GatewaySettings(port=0)) as stack, \
+            aiohttp.ClientSession(stack.gateway.url) as http:
+        async def post(i: int) -> tuple[int, int]:
+            async with http.post("/v1/embeddings", json={"model": "embed", "input": f"t {i}"},
+                                 headers={"Authorization": f"Bearer {key}"}) as r:
+                return r.status, len((await r.json()).get("data", []))
+
+        answers = await asyncio.gather(*(post(i) for i in range(12)))
+        raw = await read_raw(kafka_settings, stack.gateway.reply_topic)
+    assert answers == [(200, 1)] * 12
+    assert stack.gateway.client.packed_replies
+    on_wire = [x for rec in raw for x in results_in(rec.value, rec.headers)]
+    assert len(on_wire) == 12 and len({x.id for x in on_wire}) == 12
+    assert any(is_pack(rec.headers) for rec in raw), "no pack on the gateway's reply topic"
