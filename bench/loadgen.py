@@ -9,8 +9,9 @@ submit-failed, not as nothing; a second result the client hands over for an
 id counts as duplicated (the client promises each id once); a result for an
 id this load never sent counts as foreign. :func:`reply_copies` reads the
 client's reply topic from the start afterwards: how many copies of each id
-were written (the client dropped all but the first), and through how many
-distinct batches each id went (more than one: it was dispatched twice).
+were written (the client dropped all but the first; each result of a pack
+counts as one copy), and through how many distinct batches each id went
+(more than one: it was dispatched twice).
 
 Used by ``bench/crash.py``, ``bench/overload.py``, ``bench/broker_restart.py``
 and their tests.
@@ -27,13 +28,12 @@ from dataclasses import dataclass, field
 from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import KafkaSettings, make_consumer
-from schemas.codec import codec_for, format_from_headers
+from producer.client import results_in
+from schemas.codec import DecodeError
 from schemas.messages import Result
 from traffic.percentile import percentile  # re-exported: overload and broker_stall use it
 
 __all__ = ["Load", "Outcome", "Tally", "percentile", "reply_copies", "rss_mib"]
-
-_result_codec = codec_for(Result)
 
 
 @dataclass
@@ -255,10 +255,14 @@ async def reply_copies(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0
         while time.monotonic() < deadline:
             got = await consumer.getmany(tp, timeout_ms=300)
             for rec in got.get(tp, []):
-                res = _result_codec.decode(rec.value, format_from_headers(rec.headers))
-                copies[res.id] += 1
-                if res.batch_id:
-                    batches.setdefault(res.id, set()).add(res.batch_id)
+                # One result or a pack of them (the client asks for packs); a record
+                # that does not decode is an error here, as it always was.
+                for res in results_in(rec.value, rec.headers):
+                    if isinstance(res, DecodeError):
+                        raise res
+                    copies[res.id] += 1
+                    if res.batch_id:
+                        batches.setdefault(res.id, set()).add(res.batch_id)
             high = consumer.highwater(tp)
             if high is not None and await consumer.position(tp) >= high and not got:
                 break
