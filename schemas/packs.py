@@ -107,9 +107,12 @@ def encode_results(results: list[Result], fmt: Format = "msgpack") -> bytes:
     return _json.encode(pack) if fmt == "json" else _msgpack.encode(pack)
 
 
-def encode_packed(values: list[bytes], field: str = "requests") -> bytes:
-    """A pack's msgpack value from its items already encoded as msgpack (each one
-    message): the bytes are copied in, not encoded again."""
+def encode_packed(values: list[bytes], field: str = "requests",
+                  fmt: Format = "msgpack") -> bytes:
+    """A pack's value from its items already encoded in ``fmt`` (each one message):
+    the bytes are copied in, not encoded again."""
+    if fmt == "json":
+        return b'{"%s":[%s]}' % (field.encode(), b",".join(values))
     raws = [msgspec.Raw(v) for v in values]
     return _msgpack.encode(_RawRequests(raws) if field == "requests" else _RawResults(raws))
 

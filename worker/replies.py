@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from schemas.codec import Format, codec_for, content_type
 from schemas.messages import Result
-from schemas.packs import PACK_HEADER, encode_packed, encode_results
+from schemas.packs import PACK_HEADER, encode_packed
 from worker.execute import Served
 
 __all__ = ["Reply", "pack_frame_bytes", "replies"]
@@ -107,9 +107,7 @@ def _plain(s: Served, value: bytes, fmt: Format) -> Reply:
 
 
 def _pack(topic: str, fmt: Format, part: list[tuple[Served, bytes]]) -> Reply:
-    # msgpack: the items' bytes copied in as they are. JSON: encoded once more as a
-    # whole (schemas.packs builds a packed value from encoded items in msgpack only).
-    value = (encode_packed([v for _, v in part], field="results") if fmt == "msgpack"
-             else encode_results([s.result for s, _ in part], "json"))
+    # The items' bytes copied in as they are, in either format.
+    value = encode_packed([v for _, v in part], field="results", fmt=fmt)
     # No key: a pack answers several requests, and a key is read as one request's id.
     return Reply(topic, value, None, _PACK_HEADERS[fmt], [s for s, _ in part])
