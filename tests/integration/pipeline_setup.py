@@ -26,6 +26,7 @@ from schemas.codec import codec_for
 from schemas.config import Config
 from schemas.messages import AdmittedRequest, EmbedInput, RerankInput, Result
 from schemas.topics import Topics
+from tests.packed import messages_in
 from worker.service import WorkerService, WorkerSettings
 
 __all__ = ["Reader", "fake_worker", "make_config", "produce", "request", "rerank_request",
@@ -105,7 +106,8 @@ async def until(cond: Callable[[], bool], what: str, timeout_s: float = 15.0,
 
 
 class Reader:
-    """Reads one topic from the beginning (no group), decoding each record.
+    """Reads one topic from the beginning (no group), decoding each record (each item of
+    a pack, :mod:`tests.packed`).
 
     :meth:`until` reads until a condition on what was read holds;
     :meth:`settle` reads everything written so far and then a quiet period
@@ -114,7 +116,7 @@ class Reader:
 
     def __init__(self, kafka: KafkaSettings, topic: str, partitions: int, typ=Result):
         self.kafka, self.topic, self.partitions = kafka, topic, partitions
-        self.codec = codec_for(typ)
+        self.typ = typ
         self.items: list = []
         #: (partition, offset) of each item, in the same order.
         self.where: list[tuple[int, int]] = []
@@ -134,8 +136,10 @@ class Reader:
         got = await self.consumer.getmany(timeout_ms=100)
         for records in got.values():
             for rec in records:
-                self.items.append(self.codec.decode_record(rec.value, rec.headers))
-                self.where.append((rec.partition, rec.offset))
+                # A pack's items each count as one, at their record's place.
+                for msg in messages_in(self.typ, rec.value, rec.headers):
+                    self.items.append(msg)
+                    self.where.append((rec.partition, rec.offset))
 
     async def until(self, done: Callable[[list], bool], what: str,
                     timeout_s: float = 15.0) -> list:

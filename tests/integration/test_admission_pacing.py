@@ -31,6 +31,7 @@ from tests.integration.test_admission_service import (
     _write_config,
 )
 from tests.integration.test_admission_shaping import read_settled
+from tests.packed import admitted_in
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +89,7 @@ async def test_a_paced_burst_waits_until_its_backlog_drains_and_the_org_behind_i
         assert service.throttle.observe(drained, later_ms + 1)
         records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
                                      timeout_s=30)
-        admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
+        admitted = admitted_in(records)
         assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
         assert len(admitted) == BURST + 1
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
@@ -124,7 +125,7 @@ async def test_a_snapshot_read_while_a_fetch_waits_paces_what_that_fetch_returns
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
         records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
                                      timeout_s=30)
-        admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
+        admitted = admitted_in(records)
         assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
 
 
@@ -150,7 +151,7 @@ async def test_a_reload_to_larger_batches_lets_a_burst_paced_before_a_rate_go(
             service.config, endpoints={**service.config.endpoints, "embed": larger}))
         records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
                                      timeout_s=30)
-        admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
+        admitted = admitted_in(records)
         assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
         assert len(admitted) == BURST + 1
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
@@ -211,7 +212,7 @@ async def test_a_running_schedulers_own_snapshot_paces_a_burst(
                              timeout_s=30)
                 records = await read_settled(kafka_settings, topics.tier("standard"), total,
                                              timeout_s=30)
-        admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
+        admitted = admitted_in(records)
         assert [a.id for a in admitted if a.id.startswith("bulk-")] == [
             f"bulk-{i}" for i in range(BURST)]
         assert sorted(a.id for a in admitted) == sorted(

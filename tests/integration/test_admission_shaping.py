@@ -12,8 +12,6 @@ from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import KafkaSettings, make_consumer
 from plumbing.topics import wait_for_topics
-from schemas.codec import codec_for
-from schemas.messages import AdmittedRequest
 from schemas.topics import Topics
 from tests.integration.pipeline_setup import running
 from tests.integration.test_admission_service import (
@@ -24,13 +22,15 @@ from tests.integration.test_admission_service import (
     _until_committed,
     _write_config,
 )
+from tests.packed import admitted_in
 
 pytestmark = pytest.mark.integration
 
 
 async def read_settled(settings: KafkaSettings, topic: str, n: int, timeout_s: float = 15.0,
                        quiet_s: float = 1.0) -> list:
-    """Every record of ``topic`` (all partitions, no group): at least ``n``, then on to
+    """Every record of ``topic`` (all partitions, no group): at least ``n`` requests (a
+    pack's each counted, :mod:`tests.packed`), then on to
     each partition's end and ``quiet_s`` more with nothing new, so a late second copy
     is read too (reading only the first ``n`` would stop before it)."""
     partitions = (await wait_for_topics(settings, {topic: 1}))[topic]
@@ -52,7 +52,7 @@ async def read_settled(settings: KafkaSettings, topic: str, n: int, timeout_s: f
                     high = consumer.highwater(tp)
                     if high is None or await consumer.position(tp) < high:
                         at_end = False
-                if got or not at_end or len(records) < n:
+                if got or not at_end or len(admitted_in(records)) < n:
                     quiet_since = None
                 elif quiet_since is None:
                     quiet_since = time.monotonic()
@@ -79,7 +79,7 @@ async def test_a_shaped_burst_is_spread_and_the_org_behind_it_is_not(
         await _until(lambda: _read_ahead(service) > 0, "shaped records to be counted read ahead")
         records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
                                      timeout_s=30)
-        admitted = [codec_for(AdmittedRequest).decode(r.value) for r in records]
+        admitted = admitted_in(records)
         bulk = [a for a in admitted if a.org == "bulk"]
         # Nothing lost, nothing twice (the whole topic read), each org in its order.
         assert [a.id for a in bulk] == [f"bulk-{i}" for i in range(BURST)]

@@ -41,6 +41,7 @@ from schemas.topics import Topics
 from tests.admission_setup import registry
 from tests.fuzz.hostile import hostile_burst
 from tests.fuzz.internal import KINDS, hostile_record_from
+from tests.packed import admitted_in
 from worker.service import WorkerService, WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -169,7 +170,7 @@ async def test_admission_survives_a_hostile_burst(kafka_settings, topic_prefix):
         await _until(lambda: len(tail.records[topics.dead_letters]) >= want_dead
                      and len(tail.records[topics.results]) + len(tail.records[reply_topic])
                      >= want_answers
-                     and len(tail.records[topics.tier("enterprise")]) >= len(good),
+                     and len(admitted_in(tail.records[topics.tier("enterprise")])) >= len(good),
                      "every dead letter, answer and admission")
         # Nothing more can come: every record is committed (so what was written for it is
         # acknowledged), and the tail has read each output topic to its end.
@@ -179,8 +180,7 @@ async def test_admission_survives_a_hostile_burst(kafka_settings, topic_prefix):
         assert service.readiness()[0]
 
         # Good records: admitted, all of them, and nothing else was.
-        admitted = [codec_for(AdmittedRequest).decode(r.value)
-                    for r in tail.records[topics.tier("enterprise")]]
+        admitted = admitted_in(tail.records[topics.tier("enterprise")])
         assert sorted(a.id for a in admitted) == sorted(r.rid for r in good)
 
         # Dead letters: exactly the records that must be kept, each once, with a reason.
