@@ -71,7 +71,8 @@ counts a request not ``ok`` as infinite. Each run records the load average
 padding, offered_rps, requests, <mode>.{busiest_p99_ms, worst_light_p99_ms,
 worst_light_org, express_share, batch_fill, tokens_per_model_s, model_busy,
 batches, not_ok, org_p99_ms, loadavg}}`` (live modes also ``peak_rss_mib``
-by process and ``send_lag_p99_ms``) and the four ratios above (None where a
+by process, ``send_lag_p99_ms`` and ``busiest_stages_p99_ms``: the busiest
+org's p99 per stage, :mod:`traffic.stages`, also printed with its p50) and the four ratios above (None where a
 run they need is not among ``--loads`` / ``--modes``).
 
 Run: ``python bench/sustained.py`` (three loads of 60 s: about 10 minutes on
@@ -114,9 +115,11 @@ from schemas.config import Endpoint
 from tokens.counting import WhitespaceTokenCounter
 from traffic.percentile import percentile
 from traffic.replay import ReplaySettings, replay
+from traffic.replay_outcomes import results_ms
 from traffic.replay_sources import items_from_trace
 from traffic.report import Outcome, summarize
 from traffic.simulate import ServiceModel, SimSettings, simulate
+from traffic.stages import stage_line, stage_times
 from traffic.textsynth import TextSynth
 from traffic.trace import TraceRecord, write_trace
 from worker.microbatch import padded_tokens, plan_microbatches
@@ -333,6 +336,11 @@ async def live(kafka: KafkaSettings, records: Sequence[TraceRecord], express: bo
     out["peak_rss_mib"] = rss
     out["loadavg"] = [round(x, 2) for x in (*load_before, *os.getloadavg())]
     out["send_lag_p99_ms"] = run.stats["send_lag_ms"]["p99"]
+    # Where the busiest org's time went, stage by stage (the stamps its results carry).
+    stages = stage_times(results_ms(g for it, g in zip(items, run.results, strict=True)
+                                    if it.request.org == BUSY))
+    out["busiest_stages_p99_ms"] = {k: percentile(v, 99) for k, v in stages.items()}
+    out["busiest_stage_line"] = stage_line(stages, label=BUSY)
     return out
 
 
@@ -412,6 +420,10 @@ def print_table(out: dict[str, Any], args) -> None:
             print(f"{load + ' %':>5} {mode:<11}{row['offered_rps']:>7,.0f}{fill:>6}"
                   f"{100 * r['express_share']:>7.0f}%{tps:>12}{busy:>6}"
                   f"{_ms(r['busiest_p99_ms']):>12}{light:>22}{r['not_ok']:>7}  {rss}")
+    for load, row in out["loads"].items():
+        for mode in args.modes:
+            if line := row[mode].get("busiest_stage_line"):
+                print(f"{load} %, {mode}: {line}")
     for load, row in out["loads"].items():
         orgs = list(row[args.modes[0]]["org_p99_ms"])
         print(f"\np99 ms per org at {load} %: " + " ".join(f"{m:>10}" for m in args.modes))
