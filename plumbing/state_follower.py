@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from plumbing.background import Background
-from plumbing.kafka import KafkaSettings, make_consumer, stop_consumer
+from plumbing.kafka import Consumer, KafkaSettings, make_consumer, stop_consumer
 from schemas.codec import DecodeError, codec_for
 from schemas.messages import SchedulerState
 
@@ -49,9 +49,11 @@ class StateFollower(Background):
         self.on_undecodable = on_undecodable or _log_undecodable
         self.since_s = since_s
         self.read = 0
-        self.consumer = None
+        self.consumer: Consumer | None = None
 
-    async def start(self) -> StateFollower:
+    # An async start (the consumer is started and placed before the loop
+    # runs): its callers await it; it is never handed to Service.keep.
+    async def start(self) -> StateFollower:  # type: ignore[override]
         self.consumer = make_consumer(self.kafka, group_id=None, follower=True)
         await self.consumer.start()
         await self.seek_recent()
@@ -59,6 +61,7 @@ class StateFollower(Background):
 
     async def seek_recent(self) -> None:
         """Read from the first snapshot younger than ``since_s`` (or from now on)."""
+        assert self.consumer is not None, "start() ran"
         partitions = self.consumer.partitions_for_topic(self.topic) or {0}
         tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         self.consumer.assign(tps)
@@ -79,6 +82,7 @@ class StateFollower(Background):
     async def run(self) -> None:
         while True:
             try:
+                assert self.consumer is not None, "start() ran"
                 batches = await self.consumer.getmany(timeout_ms=500)
             except KafkaError as e:
                 log.warning("scheduler_state_fetch_failed", error=repr(e))

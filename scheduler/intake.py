@@ -51,13 +51,13 @@ from structlog.contextvars import bound_contextvars
 
 from plumbing.bounded import within
 from plumbing.deadletter import send_dead_letter
-from plumbing.kafka import KafkaSettings, consumer_lag, make_consumer, stop_consumer
+from plumbing.kafka import Consumer, KafkaSettings, consumer_lag, make_consumer, stop_consumer
 from plumbing.offsets import OffsetTracker
 from scheduler.core import Scheduler
 from scheduler.entry import Entry
 from scheduler.metrics import SchedulerMetrics
 from scheduler.snapshot import Backlog, HopTime
-from schemas.codec import DecodeError, codec_for, content_type, format_from_headers
+from schemas.codec import DecodeError, Format, codec_for, content_type, format_from_headers
 from schemas.config import Config
 from schemas.messages import AdmittedRequest, Result
 from schemas.packs import is_pack, unpack_requests
@@ -93,13 +93,14 @@ class _ReplyAddress(msgspec.Struct):
     reply_format: str = "json"
 
 
-_address_decoders = {
+_address_decoders: dict[str, msgspec.json.Decoder[_ReplyAddress]
+                        | msgspec.msgpack.Decoder[_ReplyAddress]] = {
     "json": msgspec.json.Decoder(_ReplyAddress),
     "msgpack": msgspec.msgpack.Decoder(_ReplyAddress),
 }
 
 
-async def send_result(producer, topic: str, result: Result, fmt: str) -> None:
+async def send_result(producer, topic: str, result: Result, fmt: Format) -> None:
     """Write ``result`` keyed by its request id in ``fmt`` and wait for the ack."""
     await producer.send_and_wait(
         topic, _result_codec.encode(result, fmt), key=result.id.encode(),
@@ -145,7 +146,7 @@ class TierIntake:
         self.commit_floor_ms: int | None = None
         self._may_commit: Callable[[], bool] = lambda: False
         self._end_offsets: dict[TopicPartition, int] = {}
-        self._consumer = None
+        self._consumer: Consumer | None = None
         self._producer = None
         self._tiers = frozenset(config.tier_names)
         self._last_tier = config.tier_names[-1]
@@ -247,6 +248,7 @@ class TierIntake:
         burst is read.
         """
         consumer = self._consumer
+        assert consumer is not None, "start() ran"
         while True:
             batches = await consumer.getmany(timeout_ms=1000,
                                              max_records=self.max_poll_records)
@@ -397,7 +399,7 @@ class TierIntake:
         result = Result(id=addr.id, status="invalid", org=addr.org, endpoint=addr.endpoint,
                         reason=reason, message=error[:1000],
                         completed_ms=int(time.time() * 1000))
-        fmt = "msgpack" if addr.reply_format == "msgpack" else "json"
+        fmt: Format = "msgpack" if addr.reply_format == "msgpack" else "json"
         try:
             await send_result(self._producer, addr.reply_to, result, fmt)
         except KafkaError as e:
@@ -539,7 +541,9 @@ class TierIntake:
         floor = now_ms if idle is None else idle
         for tp in self.assigned:
             if self.offsets.held(tp):
-                at = self._floor_at.get((tp, self.offsets.committable(tp)))
+                oldest = self.offsets.committable(tp)
+                assert oldest is not None, "a partition with held requests was consumed"
+                at = self._floor_at.get((tp, oldest))
                 if at is not None:
                     floor = min(floor, at)
         return floor

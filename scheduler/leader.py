@@ -43,7 +43,7 @@ from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from plumbing.bounded import cancel_within, within
-from plumbing.kafka import KafkaSettings, make_consumer, stop_consumer
+from plumbing.kafka import Consumer, KafkaSettings, make_consumer, stop_consumer
 from scheduler.leadership import LeaderLog, Lease, next_epoch
 from schemas.codec import DecodeError, codec_for, content_type
 from schemas.messages import LeaderClaim
@@ -104,7 +104,7 @@ class LeaderElection:
         self.floor: Callable[[], int | None] = lambda: None
         self.fenced_ms: int | None = None
         self._tp = TopicPartition(topic, 0)
-        self._consumer = None
+        self._consumer: Consumer | None = None
         self._claim: LeaderClaim | None = None
         self._claim_offset: int | None = None
         self._claim_sent_s = 0.0
@@ -154,6 +154,7 @@ class LeaderElection:
         """Read from the first record younger than the lookback (a broker that lost its
         topics: from the new partition's start); silence counts from now."""
         consumer = self._consumer
+        assert consumer is not None, "start() ran"
         consumer.assign([self._tp])
         since_ms = int((time.time() - _LOOKBACK_S) * 1000)
         try:
@@ -194,6 +195,7 @@ class LeaderElection:
         """Read the log; beat while leading; claim after the leader's silence."""
         while True:
             consumer = self._consumer
+            assert consumer is not None, "start() ran"
             now = time.monotonic()
             wait_s = self.beat_every_s / 2
             if self.state in ("leading", "taking_over"):
@@ -229,6 +231,7 @@ class LeaderElection:
 
     def _claim_read(self, seen: str) -> None:
         claim, self._claim, self._claim_offset = self._claim, None, None
+        assert claim is not None, "_read() found our claim"
         if seen != "claim_won":
             log.info("leader_claim_lost", epoch=claim.epoch, after=claim.after,
                      leader=self.log.current.instance if self.log.current else None)
@@ -261,8 +264,10 @@ class LeaderElection:
                 self._claim = self._claim_offset = None
                 self._set("standby", count=False)
             return
-        reading = self._reading(now)
-        if (reading and now - self._reading_since >= self.silence_s and self.log.silent(now)
+        if not self._reading(now):
+            return
+        assert self._reading_since is not None, "_reading() said it reads"
+        if (now - self._reading_since >= self.silence_s and self.log.silent(now)
                 and await self._caught_up()):
             await self._send_claim()
 
@@ -271,6 +276,7 @@ class LeaderElection:
         the position not beyond its end (a broker that lost the partition answers a read
         there with nothing, and a standby would take the leader's beats for silence)."""
         consumer = self._consumer
+        assert consumer is not None, "start() ran"
         try:
             polled_ms = consumer.last_poll_timestamp(self._tp)
         except AssertionError:  # not assigned (yet)
@@ -291,6 +297,7 @@ class LeaderElection:
         self._reading_since = None
 
     async def _caught_up(self) -> bool:
+        assert self._consumer is not None, "start() ran"
         high = self._consumer.highwater(self._tp)
         try:
             pos = await within(self._consumer.position(self._tp), 1)
