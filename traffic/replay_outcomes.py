@@ -7,7 +7,7 @@ are tested without a broker.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from schemas.config import Config
 from schemas.messages import Result
@@ -24,6 +24,16 @@ __all__ = ["fit_batch_time", "late_requests", "live_jain", "outcomes_of", "peak_
 
 _STAGES = (("admission", "admitted_s", "arrival_s"), ("scheduler", "dispatched_s", "admitted_s"),
            ("batch", "completed_s", "dispatched_s"))
+
+
+class _ItemFields(TypedDict):
+    """The fields :func:`outcomes_of` gives every item's :class:`Outcome`, whatever became of it."""
+
+    id: str
+    org: str
+    tier: str
+    endpoint: str
+    arrival_s: float
 
 
 def stage_table(runs: dict[str, Sequence[Outcome]], *, max_orgs: int = 12) -> str:
@@ -164,18 +174,20 @@ def outcomes_of(config: Config, items: Sequence[ReplayItem],
         req = item.request
         org = config.orgs.get(req.org)
         ep = config.endpoints.get(req.endpoint)
-        sent = sent_at[i] if sent_at[i] is not None else wall0
-        base = {"id": req.id, "org": req.org, "tier": org.tier if org else "",
-                "endpoint": req.endpoint, "arrival_s": round(sent - wall0, 6)}
+        at = sent_at[i]
+        sent = at if at is not None else wall0
+        base: _ItemFields = {"id": req.id, "org": req.org, "tier": org.tier if org else "",
+                             "endpoint": req.endpoint, "arrival_s": round(sent - wall0, 6)}
         if i in send_error:
             out.append(Outcome(**base, status="failed", reason="replay_send_failed",
                                tokens=item.tokens, completed_s=base["arrival_s"]))
             continue
-        if got[i] is None:
+        back = got[i]
+        if back is None:
             out.append(Outcome(**base, status="missing", reason="no_result_within_timeout",
                                tokens=item.tokens))
             continue
-        res, received = got[i]
+        res, received = back
         done_ms = res.completed_ms if res.completed_ms is not None else int(received * 1000)
         # Another host's clock may be off: never before the send, never after receipt.
         done_ms = min(max(done_ms, int(sent * 1000)), int(received * 1000))
@@ -223,7 +235,9 @@ def live_jain(outcomes: Sequence[Outcome], config: Config, *, hop_s: float = 0.1
             events.append((min(o.admitted_s + hop_s, o.completed_s), 0, o.id, o))
             events.append((o.completed_s, 1, o.id, o))
     for bid, members in batches.items():
-        events.append((min(m.dispatched_s for m in members), 2, bid, members))
+        # Each member has its dispatch time: only those dispatched join a batch above.
+        first = min(m.dispatched_s for m in members if m.dispatched_s is not None)
+        events.append((first, 2, bid, members))
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     held: dict[tuple[str, str], dict[str, int]] = {}
     groups: dict[tuple[str, str, frozenset[str]], JainGroup] = {}

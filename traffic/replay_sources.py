@@ -207,6 +207,7 @@ async def read_window(settings: KafkaSettings, topic: str, since_ms: int,
                         state[0] = rec.offset + 1
                         if rec.timestamp >= since_ms:
                             taken.append(rec)
+                    assert state[0] is not None, "only the bound starts unknown"
                     if finished or (state[1] is not None and state[0] >= state[1]):
                         ranges[tp.partition] = (ranges[tp.partition][0], state[0])
                         consumer.pause(tp)
