@@ -117,7 +117,8 @@ class Phase:
 
     def latencies_ms(self, org: str) -> list[float]:
         return [(s.done_s - s.sent_s) * 1000 for s in self.sent.values()
-                if s.org == org and s.result is not None and s.result.status == "ok"]
+                if s.org == org and s.result is not None and s.result.status == "ok"
+                and s.done_s is not None]
 
     def quiet_ms(self) -> list[float]:
         return [x for org in QUIET_ORGS for x in self.latencies_ms(org)]
@@ -228,6 +229,7 @@ class Traffic:
 
     async def _call(self, sent: Sent, inp: dict) -> None:
         """One HTTP call to the gateway; a call with no answer stays result-less (missing)."""
+        assert self.gateway is not None, "_send() calls only through the gateway"
         kind = self.config.endpoints[sent.endpoint].kind
         answer = await self.gateway.call(sent.org, sent.endpoint, kind, inp)
         if answer.result is not None:
@@ -287,10 +289,10 @@ class Progress:
             return
         self.last = now
         sent = self.phase.sent.values()
-        done = [s for s in sent if s.result is not None]
-        by = {}
-        for s in done:
-            by[s.result.status] = by.get(s.result.status, 0) + 1
+        done = [s.result for s in sent if s.result is not None]
+        by: dict[str, int] = {}
+        for r in done:
+            by[r.status] = by.get(r.status, 0) + 1
         quiet = [s for s in sent if s.org in QUIET_ORGS]
         n_sent, n_done = len(sent), len(done)
         if self.burst is not None and self.burst.records is None:
@@ -341,6 +343,7 @@ async def _run_phase(config: Config, config_path: str, phase: Phase, *, quiet: i
                 idle_fetch_max_wait_ms=kafka.follow_fetch_max_wait_ms)
             observer = await scope.enter_async_context(FairnessClient(
                 reader, config, reply_topic(config), client_id="demo-reader"))
+            assert stack.gateway_url is not None, "the stack runs a gateway (gateway_port=0)"
             gateway = await scope.enter_async_context(GatewayTraffic(
                 stack.gateway_url, keys, observer, timeout_s))
             client = None
@@ -435,7 +438,8 @@ def _full_batch_ms(config: Config, model_spec: str | None, threads: int | None,
 
     model = load_model(config, "embed", model_spec)
     ep = config.endpoints["embed"]
-    texts, tokens, i = [], 0, 0
+    texts: list[str] = []
+    tokens, i = 0, 0
     while len(texts) < ep.max_batch_size:
         n = model.token_lengths([_text("bulkcorp", i)])[0]
         if tokens + n > ep.max_batch_tokens:
@@ -554,15 +558,15 @@ def _late_line(phase: Phase, unloaded: Phase, bound_ms: float) -> str:
     beyond its p50 in the unloaded phase (:func:`traffic.stages.excess_by_stage`),
     and the HTTP hop to the gateway beyond its own, where they took it."""
     usual = usual_stage_ms(_quiet_results(unloaded))
-    over = [s for s in phase.sent.values()
+    over = [(s, s.result, s.done_ms) for s in phase.sent.values()
             if s.org in QUIET_ORGS and s.result is not None and s.result.status == "ok"
             and s.done_s is not None and s.done_ms is not None
             and (s.done_s - s.sent_s) * 1000 > bound_ms]
-    late = [request_stages(s.result, s.done_ms) for s in over]
+    late = [request_stages(r, done_ms) for _, r, done_ms in over]
     line = excess_line(excess_by_stage(late, usual), len(late), label="quiet over the bound")
     usual_http = percentile_ms(_stage_times(unloaded)[HTTP_STAGE], 50)
-    http = [float(s.result.created_ms) - s.sent_ms for s in over
-            if s.sent_ms is not None and s.result.created_ms is not None]
+    http = [float(r.created_ms) - s.sent_ms for s, r, _ in over
+            if s.sent_ms is not None and r.created_ms is not None]
     if http and usual_http is not None:
         beyond = sum(max(0.0, ms - usual_http) for ms in http) / len(http)
         line += f"; {HTTP_STAGE} beyond its unloaded p50: {beyond:,.0f} ms a request"
@@ -793,7 +797,7 @@ def _summary(phases: list[Phase], full_ms: float, args, out,
     bound = None if unloaded is None else unloaded + 2 * full_ms
     drr = [p for p in phases[1:] if p.policy == "drr"]
     fifo = [p for p in phases if p.policy == "fifo"]
-    figures = {"full_batch_ms": full_ms, "quiet_unloaded_p99_ms": unloaded, "bound_ms": bound,
+    figures: dict[str, Any] = {"full_batch_ms": full_ms, "quiet_unloaded_p99_ms": unloaded, "bound_ms": bound,
                "phases": {}, "checks": {}}
     failed: list[str] = []
 
@@ -838,6 +842,7 @@ def _summary(phases: list[Phase], full_ms: float, args, out,
                     f"{p.name:<38} quiet p99 {_fmt(p99):>8} ms, margin {_fmt(margin):>7} ms"),
               file=out)
         if margin is not None and margin < 0:
+            assert p_bound is not None, "margin is p_bound - p99"
             print(f"{'':<38} {_late_line(p, phases[0], p_bound)}", file=out)
         adm = percentile_ms(span_times(_quiet_results(p), "created_ms", "admitted_ms"), 99)
         print(check(f"{p.name}: admission stage p99 <= {ADMISSION_STAGE_P99_MS:.0f} ms",

@@ -26,7 +26,7 @@ import contextlib
 import os
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict, cast
 
 import msgspec
 import structlog
@@ -35,6 +35,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.group import LeaveGroupRequest
+from aiokafka.structs import TopicPartition
 
 from plumbing.bounded import within
 from plumbing.broker import EmbeddedBroker
@@ -402,7 +403,8 @@ class Consumer(AIOKafkaConsumer):
         assignment = self._assignment()
         if assignment is None:
             return
-        starved, fed = [], []
+        starved: list[TopicPartition] = []
+        fed: list[TopicPartition] = []
         for tp in asked or assignment.tps:
             state = assignment.state_value(tp)
             if state is None:
@@ -416,8 +418,10 @@ class Consumer(AIOKafkaConsumer):
         began, ended = self._watch.observe(starved, fed, now)
         for stall in began:
             self.stalls += 1
-            state = assignment.state_value(stall.tp)
-            log.warning("fetch_stalled", topic=stall.tp.topic, partition=stall.tp.partition,
+            # The watch hands back the partitions given to it (a Stall's tp is any Hashable).
+            tp = cast(TopicPartition, stall.tp)
+            state = assignment.state_value(tp)
+            log.warning("fetch_stalled", topic=tp.topic, partition=tp.partition,
                         position=state.position, highwater=state.highwater,
                         seconds=round(stall.seconds, 1),
                         detail="behind the partition's end and every fetch comes back empty: "
@@ -425,7 +429,8 @@ class Consumer(AIOKafkaConsumer):
                                "(the embedded broker's memory store, a partition of ~10,000+ "
                                "batches) or one that serves no data")
         for stall in ended:
-            log.info("fetch_resumed", topic=stall.tp.topic, partition=stall.tp.partition,
+            tp = cast(TopicPartition, stall.tp)
+            log.info("fetch_resumed", topic=tp.topic, partition=tp.partition,
                      seconds=round(stall.seconds, 1))
 
 
@@ -627,9 +632,14 @@ async def kafka_endpoint(settings: KafkaSettings) -> AsyncIterator[str]:
         yield broker.bootstrap
 
 
+class _GroupSession(TypedDict):
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+
+
 #: Group sessions on an embedded broker: it holds a group join for half the
 #: session (``shared/BROKER.md``), so a short one makes a join take ~1 s, not 3.
-EMBEDDED_SESSION = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
+EMBEDDED_SESSION: _GroupSession = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
 #: The same for a service started as a process of its own (its environment).
 EMBEDDED_SESSION_ENV = {f"SF_KAFKA_{k.upper()}": str(v) for k, v in EMBEDDED_SESSION.items()}
 

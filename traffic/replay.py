@@ -315,11 +315,11 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
         last_send = time.monotonic()
         for indices, w in written:
             try:
-                outcomes = await bounded(w.outcomes(), last_send + s.timeout_s - time.monotonic(),
-                                         f"the broker to acknowledge {len(indices)} requests")
+                errors = await bounded(w.outcomes(), last_send + s.timeout_s - time.monotonic(),
+                                       f"the broker to acknowledge {len(indices)} requests")
             except WaitTimeout as e:
-                outcomes = [e] * len(indices)
-            for i, error in zip(indices, outcomes, strict=True):
+                errors = [e] * len(indices)
+            for i, error in zip(indices, errors, strict=True):
                 if error is not None:
                     send_error[i] = repr(error)
         if progress.results + len(send_error) >= len(items):
