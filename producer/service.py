@@ -89,7 +89,7 @@ from producer.throttle import ThrottleState
 from schemas.codec import DecodeError, Format, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import AdmittedRequest, DeadLetter, Result, SchedulerState
-from schemas.packs import PACK_HEADER, encode_packed
+from schemas.packs import PACK_HEADER, encode_packed, split
 from schemas.topics import Topics
 from tokens.counting import TokenCounter, load_token_counter
 
@@ -103,9 +103,6 @@ _dead_codec = codec_for(DeadLetter)
 _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", b"application/msgpack")]
 _PACK_HEADERS = [*_MSGPACK_HEADERS, PACK_HEADER]
-#: A pack's bytes beyond its requests' (its map and array headers): a pack stays
-#: within service.max_message_bytes, which the scheduler reads records up to.
-_PACK_FRAME = 64
 
 
 
@@ -151,23 +148,17 @@ class _Send(msgspec.Struct):
 
 def _packed(sends: list[_Send], max_bytes: int) -> list[_Send]:
     """One org's admitted sends of a step as pack records of at most ``max_bytes``
-    (a request alone stays a plain record: one is not worth a pack)."""
+    (:func:`schemas.packs.split`; a request alone stays a plain record: one is not worth
+    a pack)."""
     out: list[_Send] = []
-    group: list[_Send] = []
-    size = 0
-    for s in [*sends, None]:
-        if s is not None and (not group or size + len(s.value) <= max_bytes):
-            group.append(s)
-            size += len(s.value)
-            continue
+    for cut in split([len(s.value) for s in sends], max_bytes):
+        group = sends[cut.start:cut.stop]
         if len(group) == 1:
             out.append(group[0])
-        elif group:
-            first = group[0]
-            out.append(_Send(first.topic, encode_packed([g.value for g in group]),
-                             first.key, _PACK_HEADERS, "admitted", members=group))
-        if s is not None:
-            group, size = [s], len(s.value)
+            continue
+        first = group[0]
+        out.append(_Send(first.topic, encode_packed([g.value for g in group]), first.key,
+                         _PACK_HEADERS, "admitted", members=group))
     return out
 
 
@@ -398,7 +389,8 @@ class AdmissionService(Service):
             if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # a step is milliseconds of work: the loop's other tasks
         for sends in packs.values():
-            for send in _packed(sends, self.config.service.max_message_bytes - _PACK_FRAME):
+            # Within service.max_message_bytes, which the scheduler reads records up to.
+            for send in _packed(sends, self.config.service.max_message_bytes):
                 step.sends.append(send)
                 outbox.add(send.topic, send.value, key=send.key, headers=send.headers)
         step.written = await outbox.submit()

@@ -34,6 +34,8 @@ __all__ = [
     "encode_requests",
     "encode_results",
     "is_pack",
+    "pack_frame_bytes",
+    "split",
     "unpack_requests",
     "unpack_results",
 ]
@@ -66,6 +68,8 @@ _typed: dict[tuple[type, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decod
     (_RawRequests, "json"): msgspec.json.Decoder(AdmittedPack),
     (_RawResults, "json"): msgspec.json.Decoder(ResultPack),
 }
+#: A pack's bytes around its items (see :func:`pack_frame_bytes`), rounded up.
+_FRAME = 16
 _json = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()
 
@@ -115,6 +119,29 @@ def encode_packed(values: list[bytes], field: str = "requests",
         return b'{"%s":[%s]}' % (field.encode(), b",".join(values))
     raws = [msgspec.Raw(v) for v in values]
     return _msgpack.encode(_RawRequests(raws) if field == "requests" else _RawResults(raws))
+
+
+def pack_frame_bytes(items: int) -> int:
+    """The most a pack of ``items`` adds to its items' own bytes: its map, key and array
+    header (msgpack, at most 15 bytes; JSON ``{"requests":[`` and ``]}``, 15), and a
+    comma between items in JSON."""
+    return _FRAME + items
+
+
+def split(sizes: Sequence[int], max_bytes: int) -> list[range]:
+    """Consecutive items, by their encoded ``sizes``, cut in order so that each part's
+    pack (its items and its frame) is at most ``max_bytes``; an item too large for any
+    pack is a part alone. Every item is in exactly one part."""
+    parts: list[range] = []
+    start = size = 0
+    for i, n in enumerate(sizes):
+        if i > start and size + n + pack_frame_bytes(i - start + 1) > max_bytes:
+            parts.append(range(start, i))
+            start, size = i, 0
+        size += n
+    if sizes:
+        parts.append(range(start, len(sizes)))
+    return parts
 
 
 def _unpack(data: bytes | None, fmt: Format, outer: type, field: str, codec: Codec[T],

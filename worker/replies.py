@@ -26,19 +26,16 @@ from dataclasses import dataclass
 
 from schemas.codec import Format, codec_for, content_type
 from schemas.messages import Result
-from schemas.packs import PACK_HEADER, encode_packed
+from schemas.packs import PACK_HEADER, encode_packed, split
 from worker.execute import Served
 
-__all__ = ["Reply", "pack_frame_bytes", "replies"]
+__all__ = ["Reply", "replies"]
 
 _result_codec = codec_for(Result)
 Headers = list[tuple[str, bytes]]
 _CONTENT_TYPE: dict[Format, Headers] = {
     fmt: [("content-type", content_type(fmt).encode())] for fmt in ("json", "msgpack")}
 _PACK_HEADERS: dict[Format, Headers] = {fmt: [*h, PACK_HEADER] for fmt, h in _CONTENT_TYPE.items()}
-#: A pack's bytes around its items: ``{"results":[`` and ``]}`` in JSON (14), a
-#: map, a key and an array header of up to 5 bytes in msgpack (14); rounded up.
-_FRAME = 16
 
 
 @dataclass(slots=True)
@@ -56,11 +53,6 @@ class Reply:
         return len(self.members) > 1
 
 
-def pack_frame_bytes(items: int) -> int:
-    """The most a pack of ``items`` adds to its items' own bytes (a JSON comma each)."""
-    return _FRAME + items
-
-
 def replies(done: Sequence[Served], max_bytes: int) -> list[Reply]:
     """The records for ``done`` (one micro-batch): plain ones in order, then the packs.
 
@@ -76,30 +68,13 @@ def replies(done: Sequence[Served], max_bytes: int) -> list[Reply]:
         else:
             out.append(_plain(s, value, fmt))
     for (topic, fmt), group in groups.items():
-        for part in _split(group, max_bytes):
+        for cut in split([len(v) for _, v in group], max_bytes):
+            part = group[cut.start:cut.stop]
             if len(part) == 1:
                 out.append(_plain(part[0][0], part[0][1], fmt))
             else:
                 out.append(_pack(topic, fmt, part))
     return out
-
-
-def _split(group: list[tuple[Served, bytes]],
-           max_bytes: int) -> list[list[tuple[Served, bytes]]]:
-    """``group`` in order, cut so that each part's pack is at most ``max_bytes``."""
-    parts: list[list[tuple[Served, bytes]]] = []
-    part: list[tuple[Served, bytes]] = []
-    size = 0
-    for item in group:
-        grown = size + len(item[1])
-        if part and grown + pack_frame_bytes(len(part) + 1) > max_bytes:
-            parts.append(part)
-            part, grown = [], len(item[1])
-        part.append(item)
-        size = grown
-    if part:
-        parts.append(part)
-    return parts
 
 
 def _plain(s: Served, value: bytes, fmt: Format) -> Reply:

@@ -15,9 +15,9 @@ from plumbing.kafka import KafkaSettings
 from schemas.build import build_config
 from schemas.codec import codec_for, format_from_headers
 from schemas.messages import AdmittedRequest, EmbedInput, Result
-from schemas.packs import PACK_HEADER, encode_results, is_pack, unpack_results
+from schemas.packs import PACK_HEADER, encode_results, is_pack, pack_frame_bytes, unpack_results
 from worker.execute import Served
-from worker.replies import pack_frame_bytes, replies
+from worker.replies import replies
 from worker.service import WorkerService, WorkerSettings
 
 _result = codec_for(Result)
