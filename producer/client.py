@@ -83,11 +83,11 @@ from plumbing.logs import get_logger
 from plumbing.service import StartStop
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
-from schemas.codec import DecodeError, Format, codec_for, content_type, format_from_headers
+from schemas.codec import DecodeError, Format, codec_for, content_type
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import EmbedInput, Request, RerankInput, Result
 from schemas.options import RequestOptions
-from schemas.packs import is_pack, unpack_results
+from schemas.packs import messages_in
 from schemas.topics import Topics
 from schemas.vectors import decode_embeddings
 
@@ -106,7 +106,6 @@ __all__ = [
 log = get_logger("client")
 
 _request_codec = codec_for(Request)
-_result_codec = codec_for(Result)
 _ILLEGAL = re.compile(r"[^A-Za-z0-9._\-]")
 
 
@@ -508,16 +507,9 @@ def results_in(value: bytes | None,
                headers: Sequence[tuple[str, bytes]] | None) -> list[Result | DecodeError]:
     """The results one reply record carries, in order: its one result, or each item of a
     pack; one that does not decode (or a pack that cannot be read at all) as its
-    :class:`DecodeError`, in its place. Never raises one: a reader goes on past it."""
-    try:
-        fmt = format_from_headers(headers)
-        if not is_pack(headers):
-            return [_result_codec.decode(value, fmt)]
-        items = unpack_results(value, fmt)
-    except DecodeError as e:
-        return [e]
-    return [item.value if item.value is not None else
-            item.error or DecodeError("invalid", "pack item without a value") for item in items]
+    :class:`DecodeError`, in its place (:func:`schemas.packs.messages_in`). Never raises
+    one: a reader goes on past it."""
+    return messages_in(Result, value, headers)
 
 
 # -- request options -------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from schemas.codec import Codec, DecodeError, Format, codec_for
+from schemas.codec import Codec, DecodeError, Format, codec_for, format_from_headers
 from schemas.messages import AdmittedPack, AdmittedRequest, Result, ResultPack
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "encode_requests",
     "encode_results",
     "is_pack",
+    "messages_in",
     "pack_frame_bytes",
     "split",
     "unpack_requests",
@@ -176,6 +177,36 @@ def _unpack(data: bytes | None, fmt: Format, outer: type, field: str, codec: Cod
         except DecodeError as e:
             items.append(Item(one, error=DecodeError(e.reason, f"{field}[{i}]: {e}")))
     return items
+
+
+_FIELDS: dict[type, tuple[type, str]] = {
+    AdmittedRequest: (_RawRequests, "requests"),
+    Result: (_RawResults, "results"),
+}
+
+
+def messages_in(typ: type[T], value: bytes | None, headers: Sequence[tuple[str, bytes]] | None,
+                *, max_bytes: int | None = None) -> list[T | DecodeError]:
+    """The ``typ`` messages (``AdmittedRequest`` or ``Result``) one record carries, in
+    order: its one message, or each item of its pack; one that does not decode (or a
+    pack that cannot be read at all) as its :class:`DecodeError`, in its place. Never
+    raises one: a reader goes on past it."""
+    try:
+        fmt = format_from_headers(headers)
+        if not is_pack(headers):
+            return [codec_for(typ).decode(value, fmt, max_bytes=max_bytes)]
+        outer, field = _FIELDS[typ]
+        items = _unpack(value, fmt, outer, field, codec_for(typ), max_bytes)
+    except DecodeError as e:
+        return [e]
+    out: list[T | DecodeError] = []
+    for item in items:
+        if item.error is not None:
+            out.append(item.error)
+        else:
+            assert item.value is not None, "an item holds its message or its error"
+            out.append(item.value)
+    return out
 
 
 def unpack_requests(data: bytes | None, fmt: Format = "msgpack", *,

@@ -10,26 +10,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from schemas.codec import codec_for, format_from_headers
-from schemas.messages import AdmittedRequest, Result
-from schemas.packs import is_pack, unpack_requests, unpack_results
+from schemas import packs
+from schemas.codec import DecodeError
+from schemas.messages import AdmittedRequest
 
 __all__ = ["admitted_in", "messages_in"]
 
 
 def messages_in(typ: type, value: bytes | None, headers: Any) -> list[Any]:
-    """The messages of one record: its one message, or each item of its pack (an item
-    that does not decode raises, as a single record that does not decode does)."""
-    if not is_pack(headers):
-        return [codec_for(typ).decode_record(value, headers)]
-    fmt = format_from_headers(headers)
-    unpack = unpack_requests if typ is AdmittedRequest else unpack_results
-    assert typ in (AdmittedRequest, Result), typ
-    items = unpack(value, fmt)
-    for item in items:
-        if item.error is not None:
-            raise item.error
-    return [item.value for item in items]
+    """The messages of one record: its one message, or each item of its pack
+    (:func:`schemas.packs.messages_in`); one that does not decode raises, as a single
+    record that does not decode does."""
+    out = packs.messages_in(typ, value, headers)
+    for m in out:
+        if isinstance(m, DecodeError):
+            raise m
+    return out
 
 
 def admitted_in(records: Iterable[Any]) -> list[AdmittedRequest]:
