@@ -40,6 +40,14 @@ class AdmissionSettings(ServiceSettings, frozen=True):
         "Fetched records held undecided at most. A quiet org's record fetched behind a "
         "burst on its partition is decided in the next step instead of after the burst; "
         "offsets are committed in log order all the same.", ge=1)] = 50_000
+    backlog_after_records: Annotated[int, doc(
+        "An org with this many records read ahead has its later ones written to the "
+        "backlog topic, several to a record, and read back as it is served (and so has "
+        "every new one while some are there, so its order holds): a burst of any size "
+        "waits in Kafka, not in the read-ahead every other org's records pass through "
+        "(producer/backlog.py). A backlog partition is read while fewer than this many "
+        "of its records wait. 0: never (a burst larger than read_ahead_records stops the "
+        "fetches).", ge=0)] = 2_000
     shape_org_per_s: Annotated[float, doc(
         "Records of one org this instance decides per second at most, past "
         "shape_org_burst at once; the rest wait in the read-ahead, uncommitted, and are "

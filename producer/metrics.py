@@ -57,6 +57,22 @@ class AdmissionMetrics:
             "(shape_org_per_s), waiting for their org's allowance.",
             registry=registry,
         )
+        self.backlog_written = Counter(
+            "sf_admission_backlog_written_total",
+            "Ingress records written to the backlog topic (their org had "
+            "backlog_after_records read ahead, or records in the backlog already), once "
+            "the broker has them.", registry=registry,
+        )
+        self.backlog_read = Counter(
+            "sf_admission_backlog_read_total",
+            "Records read back from the backlog topic into the read-ahead.", registry=registry,
+        )
+        self.backlog_lag = Gauge(
+            "sf_admission_backlog_lag_records",
+            "Backlog records (each holding several requests) not yet read back and decided, "
+            "over this instance's backlog partitions: what bursts wait in Kafka.",
+            registry=registry,
+        )
         self.state_age = Gauge(
             "sf_admission_scheduler_state_age_seconds",
             "Age of the latest scheduler snapshot (NaN before the first); beyond the "
@@ -73,7 +89,7 @@ class AdmissionMetrics:
         )
         # At 0 from the start: a dashboard panel of failures that never happened
         # shows a flat 0, not "no data" (which a misspelt name also gives).
-        for kind in ("admitted", "result", "dead_letter"):
+        for kind in ("admitted", "result", "dead_letter", "backlog"):
             self.send_failures.labels(kind)
         self.results = Counter(
             "sf_admission_results_total",

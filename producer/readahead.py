@@ -46,24 +46,47 @@ class ReadAhead:
     """
 
     def __init__(self) -> None:
-        self._groups: dict[tuple[Hashable, Any], deque[tuple[Any, Any]]] = {}
+        #: (partition, key) -> (record, fetched at, its own partition), in order.
+        self._groups: dict[tuple[Hashable, Any], deque[tuple[Any, Any, Hashable]]] = {}
         self._ring: deque[tuple[Hashable, Any]] = deque()
         self.held = 0
 
     def __len__(self) -> int:
         return self.held
 
-    def add(self, partition: Hashable, records: Iterable[Any], at: Any = None) -> None:
-        """Hold ``records`` of ``partition``, in their order; ``at``: when they were fetched."""
+    def add(self, partition: Hashable, records: Iterable[Any], at: Any = None, *,
+            group: Hashable | None = None) -> None:
+        """Hold ``records`` of ``partition``, in their order; ``at``: when they were fetched.
+
+        ``group``: the partition whose (partition, key) groups they join, when not
+        their own (records read back from admission's backlog join their ingress
+        partition's, behind what their org has there); :meth:`take` still names
+        ``partition``."""
         groups = self._groups
+        home = partition if group is None else group
         for rec in records:
-            g = (partition, rec.key)
+            g = (home, rec.key)
             q = groups.get(g)
             if q is None:
                 q = groups[g] = deque()
                 self._ring.append(g)
-            q.append((rec, at))
+            q.append((rec, at, partition))
             self.held += 1
+
+    def pop(self, partition: Hashable, key: Any) -> list[tuple[Hashable, Any, Any]]:
+        """Take the whole (``partition``, ``key``) group out of turn, in order, as
+        (partition, record, fetched at) like :meth:`take`: an org moved elsewhere."""
+        q = self._groups.pop((partition, key), None)
+        if q is None:
+            return []
+        self._ring.remove((partition, key))
+        self.held -= len(q)
+        return [(tp, rec, at) for rec, at, tp in q]
+
+    def count(self, partition: Hashable, key: Any) -> int:
+        """Records held in the (``partition``, ``key``) group."""
+        q = self._groups.get((partition, key))
+        return 0 if q is None else len(q)
 
     def take(self, n: int, max_bytes: int | None = None, *, shaper: Allowance | None = None,
              now: float = 0.0) -> list[tuple[Hashable, Any, Any]]:
@@ -90,9 +113,9 @@ class ReadAhead:
                     ring.append(g)
                     continue
                 q = groups[g]
-                item = q.popleft()
-                size += len(item[0].value or b"")
-                out.append((g[0], *item))
+                rec, at, partition = q.popleft()
+                size += len(rec.value or b"")
+                out.append((partition, rec, at))
                 if q:
                     ring.append(g)
                 else:

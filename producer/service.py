@@ -51,7 +51,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from plumbing.deadletter import dead_letter
@@ -80,6 +82,9 @@ from plumbing.state_follower import StateFollower
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from producer.admission import Admission, Admitted, DeadLetterReason, Outcome, Refused
+from producer.backlog import BACKLOG_HEADER, KEEP, MOVE, RECORD_ITEMS, Backlog, item_bytes
+from producer.backlog import decode as decode_backlog
+from producer.backlog import encode as encode_backlog
 from producer.metrics import AdmissionMetrics, LogSampler
 from producer.pacing import Pacer, cold_rates
 from producer.ratelimit import RateLimiter
@@ -103,6 +108,7 @@ _dead_codec = codec_for(DeadLetter)
 _state_codec = codec_for(SchedulerState)
 _MSGPACK_HEADERS = [("content-type", b"application/msgpack")]
 _PACK_HEADERS = [*_MSGPACK_HEADERS, PACK_HEADER]
+_BACKLOG_HEADERS = [*_MSGPACK_HEADERS, BACKLOG_HEADER]
 
 
 
@@ -129,7 +135,7 @@ class _Send(msgspec.Struct):
     value: bytes
     key: bytes | None
     headers: list[tuple[str, bytes]]
-    #: "admitted", "result" or "dead_letter".
+    #: "admitted", "result", "dead_letter" or "backlog".
     kind: str
     record: Any = None
     #: An admitted request: if it can never be written, its sender gets a
@@ -144,6 +150,8 @@ class _Send(msgspec.Struct):
     #: A pack of admitted requests: the sends it stands for, one per ingress record
     #: (released, or failed one by one, with it).
     members: list[_Send] | None = None
+    #: The partition to write to (backlog records: their ingress partition's number).
+    partition: int | None = None
 
 
 def _packed(sends: list[_Send], max_bytes: int) -> list[_Send]:
@@ -223,6 +231,11 @@ class AdmissionService(Service):
         #: The pacer's assumed rates before a lane's is measured (redone by a reload).
         self._cold_rates = cold_rates(config, s.pace_backlog_s, s.pace_cold_batches)
         self._offsets = OffsetTracker()
+        #: Which ingress records go to the backlog topic instead of the read-ahead.
+        self._backlog = Backlog(s.backlog_after_records)
+        #: Backlog partition -> its records in the read-ahead; and those paused for it.
+        self._back_held: Counter[TopicPartition] = Counter()
+        self._back_paused: set[TopicPartition] = set()
         self._generation: tuple[int, str] | None = None
         self._next_commit_s = 0.0
         self.metrics.state_age.set_function(self._state_age_s)
@@ -241,8 +254,11 @@ class AdmissionService(Service):
             self.kafka, group_id=f"{self.topics.prefix}admission",
             max_poll_records=self.settings.read_ahead_records,
             max_partition_fetch_bytes=self.settings.max_partition_fetch_bytes,
+            # Ingress and backlog partitions of one number to one member: a bursting
+            # org's backlog is read back by the instance that decides its new records.
+            partition_assignment_strategy=(RangePartitionAssignor,),
         )
-        consumer.subscribe([self.topics.ingress],
+        consumer.subscribe([self.topics.ingress, self.topics.backlog],
                            listener=Rebalance(on_revoked=self._on_revoked))
         await consumer.start()
         state = self._state = await StateFollower(
@@ -311,11 +327,8 @@ class AdmissionService(Service):
                         self.log.warning("ingress_fetch_failed", error=repr(e))
                         await asyncio.sleep(0.5)
                         continue
-                    fetched_ms = self.now_ms()
-                    for tp, records in batches.items():
-                        for rec in records:
-                            self._offsets.hold(tp, rec.offset)
-                        self._ahead.add(tp, records, fetched_ms)
+                    if (aside := await self._hold(batches)) is not None:
+                        await queue.put(aside)
                 if not self._ahead.held:
                     continue
                 # Chosen after the fetch, not before it: a snapshot read while the
@@ -327,12 +340,133 @@ class AdmissionService(Service):
                                          shaper=self._shaping(now), now=now)
                 if not taken:
                     continue  # every org held is waiting for its allowance
+                if self._back_held:
+                    self._read_back_taken(taken)
                 step = await self._step(taken)
                 await queue.put(step)
         finally:
             if not settler.done():
                 await queue.put(None)
             await settler
+
+    async def _hold(self, batches: Mapping[TopicPartition, list]) -> _Step | None:
+        """Hold what a fetch returned: ingress records in the read-ahead, or a bursting
+        org's in the backlog (:mod:`producer.backlog`); backlog records' requests in the
+        read-ahead, each behind its org's. Returns the step that writes the backlog and
+        dead-letters an unreadable backlog record, if any (settled as any step)."""
+        fetched_ms = self.now_ms()
+        backlog_topic = self.topics.backlog
+        hold, ahead, backlog = self._offsets.hold, self._ahead, self._backlog
+        aside: list[_Send] = []
+        for tp, records in batches.items():
+            if tp.topic == backlog_topic:
+                aside.extend(self._read_back(tp, records, fetched_ms))
+                continue
+            if backlog.after <= 0:
+                for rec in records:
+                    hold(tp, rec.offset)
+                ahead.add(tp, records, fetched_ms)
+                continue
+            out: list[tuple[TopicPartition, Any]] = []
+            for rec in records:
+                hold(tp, rec.offset)
+                where = backlog.route(tp.partition, rec.key, ahead.count(tp, rec.key))
+                if where == KEEP:
+                    ahead.add(tp, (rec,), fetched_ms)
+                    continue
+                if where == MOVE:
+                    for was, moved, _at in ahead.pop(tp, rec.key):
+                        out.append((was, moved))
+                        if was in self._back_held:
+                            self._back_held[was] -= 1
+                out.append((tp, rec))
+            if out:
+                aside.extend(self._backlog_sends(tp.partition, out))
+        self._pause_backlog()
+        if not aside:
+            return None
+        step = self._new_step()
+        outbox = self._outbox
+        assert outbox is not None, "open() ran"
+        for send in aside:
+            step.sends.append(send)
+            outbox.add(send.topic, send.value, key=send.key, partition=send.partition,
+                       headers=send.headers)
+        step.written = await outbox.submit()
+        return step
+
+    def _backlog_sends(self, partition: int, records: list[tuple[TopicPartition, Any]]
+                       ) -> list[_Send]:
+        """``records`` (each with the partition it was read from: ingress, or the backlog
+        for one moved again) as backlog records of ``partition``, each within
+        service.max_message_bytes and ``RECORD_ITEMS``; each record's offset released
+        once its copy is written."""
+        topic = self.topics.backlog
+        sends = []
+        for cut in split([item_bytes(r) for _, r in records],
+                         self.config.service.max_message_bytes, RECORD_ITEMS):
+            group = records[cut.start:cut.stop]
+            sends.append(_Send(topic, encode_backlog([r for _, r in group]), None,
+                               _BACKLOG_HEADERS, "backlog", partition=partition, members=[
+                                   _Send(topic, b"", None, [], "backlog", r, tp=tp, last=True)
+                                   for tp, r in group]))
+        return sends
+
+    def _read_back(self, tp: TopicPartition, records: list, fetched_ms: int) -> list[_Send]:
+        """Backlog records of ``tp``: their requests into the read-ahead, behind their org's
+        records there (each request holds the record's offset); an unreadable record to the
+        dead letters, whole."""
+        home = TopicPartition(self.topics.ingress, tp.partition)
+        hold = self._offsets.hold
+        bad: list[_Send] = []
+        for rec in records:
+            try:
+                items = decode_backlog(tp.topic, tp.partition, rec.offset, rec.value, rec.headers)
+            except ValueError as e:
+                hold(tp, rec.offset)
+                self.metrics.dead_letters.labels("undecodable_backlog").inc()
+                log.warning("backlog_record_dead_lettered", partition=tp.partition,
+                            offset=rec.offset, error=str(e)[:500])
+                send = self._dead_letter_send(rec, "undecodable_backlog", str(e))
+                send.tp, send.last = tp, True
+                bad.append(send)
+                continue
+            for item in items:
+                hold(tp, rec.offset)
+                self._backlog.read_back(tp.partition, item.key)
+            self._ahead.add(tp, items, fetched_ms, group=home)
+            self._back_held[tp] += len(items)
+            self.metrics.backlog_read.inc(len(items))
+        return bad
+
+    def _read_back_taken(self, taken: list) -> None:
+        """Requests of backlog records taken for a step: room to read more back."""
+        topic = self.topics.backlog
+        held = self._back_held
+        for tp, _rec, _at in taken:
+            if tp.topic == topic:
+                held[tp] -= 1
+        self._pause_backlog()
+
+    def _pause_backlog(self) -> None:
+        """Read a backlog partition only while fewer than ``backlog_after_records`` of its
+        requests wait in the read-ahead: the backlog is where the rest wait."""
+        consumer = self._consumer
+        assert consumer is not None, "open() ran"
+        bound = max(1, self._backlog.after)
+        held, paused = self._back_held, self._back_paused
+        for tp in list(held):
+            n = held[tp]
+            if n >= bound:
+                if tp not in paused:
+                    consumer.pause(tp)
+                    paused.add(tp)
+                continue
+            if tp in paused:
+                consumer.resume(tp)
+                paused.discard(tp)
+            if n <= 0:
+                del held[tp]
 
     def _shaping(self, now: float) -> Shaper | Pacer | None:
         """The pacer and the shaper, as they apply: not from half a full read-ahead on,
@@ -363,16 +497,22 @@ class AdmissionService(Service):
         """
         dropped = self._ahead.drop()
         self._offsets = OffsetTracker()
+        self._backlog.clear()
+        self._back_held.clear()
+        self._back_paused.clear()  # aiokafka forgets pauses with the assignment
         self._generation = None
         if dropped:
             log.info("read_ahead_dropped", records=dropped,
                      detail="partitions revoked: the next owner reads them again")
 
-    async def _step(self, taken: list) -> _Step:
-        """Decide ``taken`` and hand its writes to the producer; :meth:`_settle` finishes it."""
+    def _new_step(self) -> _Step:
         if self._generation is None:
             self._generation = group_generation(self._consumer)
-        step = _Step(generation=self._generation, offsets=self._offsets)
+        return _Step(generation=self._generation, offsets=self._offsets)
+
+    async def _step(self, taken: list) -> _Step:
+        """Decide ``taken`` and hand its writes to the producer; :meth:`_settle` finishes it."""
+        step = self._new_step()
         outbox = self._outbox
         assert outbox is not None, "open() ran"
         packing = self.settings.pack_tier_records
@@ -418,6 +558,8 @@ class AdmissionService(Service):
                     return False
             elif s.status is not None:
                 counted(s.status).inc()
+            elif s.kind == "backlog":
+                self.metrics.backlog_written.inc(len(s.members or ()))
         for s in step.sends:
             for m in s.members or (s,):
                 if m.last:
@@ -447,11 +589,17 @@ class AdmissionService(Service):
             log.warning("ingress_commit_failed", error=repr(e))
             return
         lag = self.metrics.lag_gauge
+        backlog_lag = 0
         for tp in consumer.assignment():
             highwater = consumer.highwater(tp)
             at = self._offsets.committable(tp)
-            if highwater is not None and at is not None:
+            if highwater is None or at is None:
+                continue
+            if tp.topic == self.topics.backlog:
+                backlog_lag += max(0, highwater - at)
+            else:
                 lag(str(tp.partition)).set(max(0, highwater - at))
+        self.metrics.backlog_lag.set(backlog_lag)
 
     def _decide(self, rec, fetched_ms: int | None = None) -> list[_Send]:
         started = time.perf_counter()
@@ -548,7 +696,8 @@ class AdmissionService(Service):
             delay_s = min(delay_s * 2, 5.0)
             attempts += 1
             try:
-                await producer.send_and_wait(s.topic, s.value, key=s.key, headers=s.headers)
+                await producer.send_and_wait(s.topic, s.value, key=s.key,
+                                             partition=s.partition, headers=s.headers)
                 if s.status is not None:
                     self.metrics.result_counter(s.status).inc()
                 return True

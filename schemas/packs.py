@@ -129,14 +129,17 @@ def pack_frame_bytes(items: int) -> int:
     return _FRAME + items
 
 
-def split(sizes: Sequence[int], max_bytes: int) -> list[range]:
+def split(sizes: Sequence[int], max_bytes: int, max_items: int | None = None) -> list[range]:
     """Consecutive items, by their encoded ``sizes``, cut in order so that each part's
-    pack (its items and its frame) is at most ``max_bytes``; an item too large for any
-    pack is a part alone. Every item is in exactly one part."""
+    pack (its items and its frame) is at most ``max_bytes``, and holds ``max_items`` at
+    most; an item too large for any pack is a part alone. Every item is in exactly one
+    part."""
     parts: list[range] = []
     start = size = 0
+    most = len(sizes) if max_items is None else max(1, max_items)
     for i, n in enumerate(sizes):
-        if i > start and size + n + pack_frame_bytes(i - start + 1) > max_bytes:
+        if i > start and (i - start >= most
+                          or size + n + pack_frame_bytes(i - start + 1) > max_bytes):
             parts.append(range(start, i))
             start, size = i, 0
         size += n

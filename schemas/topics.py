@@ -5,6 +5,10 @@ topic                  what it carries                             key
 =====================  ==========================================  =========
 ``requests``           ingress: :class:`Request` from upstream     org
 ``requests.<tier>``    :class:`AdmittedRequest`, one per tier      org
+``backlog``            ingress records a bursting org sent past    -
+                       admission's read-ahead, several to a
+                       record (``producer/backlog.py``); its
+                       partition is their ingress partition
 ``batches.<endpoint>`` :class:`Batch`, partition = a worker's      batch id
 ``results``            :class:`Result` when no ``reply_to``        request id
 ``worker-events``      :class:`WorkerEvent`                        worker
@@ -38,6 +42,11 @@ class Topics:
     @property
     def ingress(self) -> str:
         return f"{self.prefix}requests"
+
+    @property
+    def backlog(self) -> str:
+        """Admission's: a bursting org's excess, partition for partition with ingress."""
+        return f"{self.prefix}backlog"
 
     def tier(self, tier: str) -> str:
         return f"{self.prefix}requests.{tier}"
@@ -74,6 +83,7 @@ class Topics:
         s = config.service
         specs = {
             self.ingress: s.ingress_partitions,
+            self.backlog: s.ingress_partitions,
             self.results: s.results_partitions,
             self.worker_events: 1,
             self.scheduler_state: 1,

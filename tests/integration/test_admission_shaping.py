@@ -41,25 +41,37 @@ async def read_settled(settings: KafkaSettings, topic: str, n: int, timeout_s: f
         consumer.assign(tps)
         await consumer.seek_to_beginning()
         records: list = []
-        async with asyncio.timeout(timeout_s + quiet_s):
-            quiet_since = None
-            while True:
-                got = [r for batch in (await consumer.getmany(timeout_ms=100)).values()
-                       for r in batch]
-                records.extend(got)
-                at_end = True
-                for tp in tps:
-                    high = consumer.highwater(tp)
-                    if high is None or await consumer.position(tp) < high:
-                        at_end = False
-                if got or not at_end or len(admitted_in(records)) < n:
-                    quiet_since = None
-                elif quiet_since is None:
-                    quiet_since = time.monotonic()
-                elif time.monotonic() - quiet_since >= quiet_s:
-                    return records
+        try:
+            return await _read_to_end(consumer, tps, records, n, timeout_s + quiet_s, quiet_s)
+        except TimeoutError:
+            raise AssertionError(
+                f"timed out after {timeout_s + quiet_s:.0f} s reading {topic}: "
+                f"{len(admitted_in(records))} requests of the {n} waited for") from None
     finally:
         await consumer.stop()
+
+
+async def _read_to_end(consumer, tps: list, records: list, n: int, timeout_s: float,
+                       quiet_s: float) -> list:
+    """Read into ``records`` until at least ``n`` requests and the end, then ``quiet_s``."""
+    async with asyncio.timeout(timeout_s):
+        quiet_since = None
+        while True:
+            got = [r for batch in (await consumer.getmany(timeout_ms=100)).values()
+                   for r in batch]
+            records.extend(got)
+            at_end = True
+            for tp in tps:
+                high = consumer.highwater(tp)
+                if high is None or await consumer.position(tp) < high:
+                    at_end = False
+            if got or not at_end or len(admitted_in(records)) < n:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s:
+                return records
+
 
 BURST, ALLOWANCE, PER_S = 60, 10, 50.0
 
