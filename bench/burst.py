@@ -72,6 +72,8 @@ class BurstOutcome(NamedTuple):
     #: Where the model's time in the burst's span was not the burst's
     #: calls (:func:`model_idle_ms`): (before its first call, between its calls).
     idle_ms: tuple[float, float] | None = None
+    #: Results that came twice (dropped by the client, or delivered twice).
+    twice: int = 0
 
     @property
     def ok(self) -> int:
@@ -101,7 +103,8 @@ def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
                                                        r.completed_ms)]
         return BurstOutcome(statuses, min(created) / 1000 if created else None,
                             max(completed) / 1000 if completed else None,
-                            model_idle_ms(stamps))
+                            model_idle_ms(stamps),
+                            run.stats["duplicate_results"] + run.stats["delivered_twice"])
 
     configure_logging("WARNING")
     out.put(tuple(asyncio.run(go())))

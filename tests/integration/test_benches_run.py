@@ -37,7 +37,7 @@ BENCHES = [
     ("gpu_feed", ["--quick", "--burst", "1000", "--quiet-s", "2"],
      ["1.busy", "1.quiet_p99_ms", "1.quiet_unloaded_p99_ms", "1.batch_ms", "1.round_trip_ms"],
      []),
-    ("isolation", ["--quick", "--burst", "500", "--factor", "2", "--seconds", "6"],
+    ("isolation", ["--quick", "--bursts", "500,1000:16", "--seconds", "6"],
      ["[0].full_batch_ms"], ["[0].orgs", "[0].over_bound.larger.sent_after_burst_s", "[0].not_ok"]),
     ("result_size", ["--requests", "100", "--repeat", "1"], [], ["variants", "requests"]),
     ("sustained", ["--quick"],
