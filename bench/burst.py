@@ -81,7 +81,7 @@ class BurstOutcome(NamedTuple):
 
 
 def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
-           start_at: float, timeout_s: float, nice: int, out) -> None:
+           start_at: float | None, delay_s: float, timeout_s: float, nice: int, out) -> None:
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
@@ -89,7 +89,9 @@ def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
     async def go() -> BurstOutcome:
         config = parse_config(config_text)
         items = burst_items(org, burst, tokens)
-        await asyncio.sleep(max(0.0, start_at - time.time()))
+        at = time.time() + delay_s if start_at is None else start_at
+        out.put(("ready", at))
+        await asyncio.sleep(max(0.0, at - time.time()))
         run = await replay(KafkaSettings(bootstrap=bootstrap), config, items, ReplaySettings(
             timeout_s=timeout_s, progress=False, samples=False, lead_s=0.0))
         statuses: dict[str, int] = {}
@@ -115,9 +117,24 @@ class BurstProcess:
 
     def __init__(self, process, queue, timeout_s: float):
         self._process, self._queue, self._timeout_s = process, queue, timeout_s
+        self._start_at: float | None = None
+
+    async def ready(self, timeout_s: float = 600.0) -> float:
+        """When it sends (epoch seconds), once its requests are built (a million take a
+        while); ``TimeoutError`` naming the burst if it did not say so in time."""
+        if self._start_at is None:
+            try:
+                got = await asyncio.to_thread(self._queue.get, True, timeout_s)
+            except Exception as e:  # queue.Empty
+                self._process.kill()
+                raise TimeoutError(f"the bursting process did not build its requests within "
+                                   f"{timeout_s:.0f} s") from e
+            self._start_at = got[1]
+        return self._start_at
 
     async def outcome(self) -> BurstOutcome:
         """Its report; ``TimeoutError`` naming the burst if none came in time."""
+        await self.ready()
         try:
             got = await asyncio.to_thread(self._queue.get, True, self._timeout_s + 30)
         except Exception as e:  # queue.Empty
@@ -130,8 +147,11 @@ class BurstProcess:
 
 
 def start_burst(bootstrap: str, config_text: str, *, org: str, burst: int, tokens: int,
-                start_at: float, timeout_s: float = 300.0, nice: int = 10) -> BurstProcess:
-    """Start the bursting org's process; it sends at ``start_at`` (epoch seconds).
+                start_at: float | None = None, delay_s: float = 0.0, timeout_s: float = 300.0,
+                nice: int = 10) -> BurstProcess:
+    """Start the bursting org's process; it sends at ``start_at`` (epoch seconds), or
+    when None ``delay_s`` after its requests are built (:meth:`BurstProcess.ready` says
+    when).
 
     At a lower CPU priority (``nice``, as the demo's bursting org,
     ``app/demo_burst.py``): it stands for another team's service on other
@@ -141,6 +161,6 @@ def start_burst(bootstrap: str, config_text: str, *, org: str, burst: int, token
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=_child, daemon=True, args=(
-        bootstrap, config_text, org, burst, tokens, start_at, timeout_s, nice, queue))
+        bootstrap, config_text, org, burst, tokens, start_at, delay_s, timeout_s, nice, queue))
     process.start()
     return BurstProcess(process, queue, timeout_s)

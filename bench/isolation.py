@@ -182,6 +182,8 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     burst_runs: dict[str, dict[str, int]] = {}
     burst_began: dict[str, float | None] = {}
     burst_twice: dict[str, int] = {}
+    #: The burst's first request sent and last result, seconds into the quiet traffic.
+    burst_span: dict[str, list[float | None]] = {}
     #: Each service's peak resident memory (MiB) in each run.
     peaks: dict[str, dict[str, float | None]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,16 +201,23 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                     for proc, _ in st.procs.values():
                         reset_peak(proc.pid)
                     child = None
+                    began_s = time.time()
                     if burst:
+                        # Five seconds into the quiet traffic, however long its requests
+                        # take to build (a million: a minute or more).
                         child = start_burst(kafka.require_bootstrap(), text, org=BURST_ORG,
-                                            burst=burst, tokens=tokens,
-                                            start_at=time.time() + settings.lead_s + 5.0,
+                                            burst=burst, tokens=tokens, delay_s=2.0,
                                             timeout_s=args.burst_timeout_s)
+                        began_s = await child.ready() - settings.lead_s - 5.0
+                        await asyncio.sleep(max(0.0, began_s - time.time()))
                     run = await replay(kafka, config, items, settings)
                     if child is not None:
                         got = await child.outcome()
                         burst_runs[label], burst_began[label] = got.statuses, got.first_created_s
                         burst_twice[label] = got.twice
+                        burst_span[label] = [
+                            None if t is None else round(t - began_s - settings.lead_s, 1)
+                            for t in (got.first_created_s, got.last_completed_s)]
                     shared = {o for o in quiet
                               if partition_for_key(o.encode(), INGRESS_PARTITIONS) == home}
                     split = {k: [g for g in results_ms(run.results)
@@ -246,7 +255,7 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")
                for label, statuses in burst_runs.items()}
     return {"seed": seed, "shape_org_per_s": args.shape_org_per_s, "full_batch_ms": full_ms,
-            "peak_rss_mb": peaks, "bursts": [[label, n, t] for label, n, t in args.bursts],
+            "peak_rss_mb": peaks, "burst_span_s": burst_span, "bursts": [[label, n, t] for label, n, t in args.bursts],
             "fit": fit, "orgs": rows, "not_ok": not_ok,
             "twice": {f"{label} (bursting org)": n for label, n in burst_twice.items()}
             | {label: r.stats["duplicate_results"] + r.stats["delivered_twice"]
@@ -287,6 +296,9 @@ async def amain(args) -> list[dict]:
             print(f"{r['org']:<12}{'yes' if r['shares'] else '':>7}{ms(r['p99_none_ms']):>10}"
                   + "".join(f"{ms(r['p99_ms'][label]):>10}" for label in labels)
                   + f"{ms(r['bound_ms']):>8}{ms(margin):>9}  {'ok' if r['within'] else 'OVER'}")
+        for label, (first, last) in lay["burst_span_s"].items():
+            print(f"  burst {label}: first sent {first} s into the quiet traffic "
+                  f"({args.seconds:g} s of it), last served at {last} s")
         for label, peaks in lay["peak_rss_mb"].items():
             print(f"  peak RSS (MiB), {label}: "
                   + ", ".join(f"{k} {v:,.0f}" for k, v in peaks.items() if v is not None))
