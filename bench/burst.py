@@ -20,6 +20,8 @@ import os
 import time
 from typing import NamedTuple
 
+import msgspec
+
 from plumbing.kafka import KafkaSettings
 from plumbing.logs import configure_logging
 from schemas.config import parse_config
@@ -81,7 +83,8 @@ class BurstOutcome(NamedTuple):
 
 
 def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
-           start_at: float | None, delay_s: float, timeout_s: float, nice: int, out) -> None:
+           start_at: float | None, delay_s: float, timeout_s: float, nice: int,
+           fetch_max_wait_ms: int | None, out) -> None:
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
@@ -92,7 +95,10 @@ def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
         at = time.time() + delay_s if start_at is None else start_at
         out.put(("ready", at))
         await asyncio.sleep(max(0.0, at - time.time()))
-        run = await replay(KafkaSettings(bootstrap=bootstrap), config, items, ReplaySettings(
+        kafka = KafkaSettings(bootstrap=bootstrap)
+        if fetch_max_wait_ms is not None:
+            kafka = msgspec.structs.replace(kafka, fetch_max_wait_ms=fetch_max_wait_ms)
+        run = await replay(kafka, config, items, ReplaySettings(
             timeout_s=timeout_s, progress=False, samples=False, lead_s=0.0))
         statuses: dict[str, int] = {}
         for o in run.outcomes:
@@ -148,10 +154,11 @@ class BurstProcess:
 
 def start_burst(bootstrap: str, config_text: str, *, org: str, burst: int, tokens: int,
                 start_at: float | None = None, delay_s: float = 0.0, timeout_s: float = 300.0,
-                nice: int = 10) -> BurstProcess:
+                nice: int = 10, fetch_max_wait_ms: int | None = None) -> BurstProcess:
     """Start the bursting org's process; it sends at ``start_at`` (epoch seconds), or
     when None ``delay_s`` after its requests are built (:meth:`BurstProcess.ready` says
-    when).
+    when). ``fetch_max_wait_ms``: its client's, where not the default (a long run on the
+    embedded broker, docs/reliability.md).
 
     At a lower CPU priority (``nice``, as the demo's bursting org,
     ``app/demo_burst.py``): it stands for another team's service on other
@@ -161,6 +168,7 @@ def start_burst(bootstrap: str, config_text: str, *, org: str, burst: int, token
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=_child, daemon=True, args=(
-        bootstrap, config_text, org, burst, tokens, start_at, delay_s, timeout_s, nice, queue))
+        bootstrap, config_text, org, burst, tokens, start_at, delay_s, timeout_s, nice,
+        fetch_max_wait_ms, queue))
     process.start()
     return BurstProcess(process, queue, timeout_s)

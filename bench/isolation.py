@@ -207,7 +207,8 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                         # take to build (a million: a minute or more).
                         child = start_burst(kafka.require_bootstrap(), text, org=BURST_ORG,
                                             burst=burst, tokens=tokens, delay_s=2.0,
-                                            timeout_s=args.burst_timeout_s)
+                                            timeout_s=args.burst_timeout_s,
+                                            fetch_max_wait_ms=kafka.fetch_max_wait_ms)
                         began_s = await child.ready() - settings.lead_s - 5.0
                         await asyncio.sleep(max(0.0, began_s - time.time()))
                     run = await replay(kafka, config, items, settings)
