@@ -98,13 +98,13 @@ MODEL = "fake:ms_per_batch=2,ms_per_token=0.01"
 INGRESS_PARTITIONS = 16
 
 
-def bench_config(prefix: str, quiet: list[str]) -> Built:
+def bench_config(prefix: str, quiet: list[str], max_batch_size: int = 64) -> Built:
     """One embed endpoint, the quiet orgs and the bursting org in one tier."""
     return build_config(
         prefix=prefix, ingress_partitions=INGRESS_PARTITIONS, heartbeat_ms=250,
         state_interval_ms=100, tiers=["standard"],
         # A bulk job accepts minutes of queueing: the scheduler, not the throttle, is measured.
-        endpoints={"embed": {"quantum": 2048, "max_batch_tokens": 4096, "max_batch_size": 64,
+        endpoints={"embed": {"quantum": 2048, "max_batch_tokens": 4096, "max_batch_size": max_batch_size,
                              "max_request_tokens": 2048, "latency_target_ms": 600000}},
         orgs=dict.fromkeys([*quiet, BURST_ORG], "standard"))
 
@@ -171,7 +171,7 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     quiet = layout(seed)
     home = partition_for_key(BURST_ORG.encode(), INGRESS_PARTITIONS)
     prefix = f"iso{uuid.uuid4().hex[:6]}."
-    built = bench_config(prefix, quiet)
+    built = bench_config(prefix, quiet, args.max_batch_size)
     text, config = built.text, built.config
     env = {"SF_LOG_LEVEL": "WARNING"}
     if args.shape_org_per_s:
@@ -321,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                              "request, default 256); default 5000,20000 (quick 2000,8000); "
                              "for a million, short requests keep a run within minutes: "
                              "5000,100000:64,1000000:8")
+    parser.add_argument("--max-batch-size", type=int, default=64,
+                        help="the endpoint's max_batch_size: 256 keeps a million short "
+                             "requests to ~4,000 batches, within what the embedded broker "
+                             "lists per partition (docs/reliability.md)")
     parser.add_argument("--burst-timeout-s", type=float, default=300.0,
                         help="how long the bursting org waits for its last result")
     parser.add_argument("--layouts", type=int, default=None, help="default 2 (quick 1)")
