@@ -18,14 +18,17 @@ import itertools
 import multiprocessing
 import os
 import time
+import uuid
 from typing import NamedTuple
 
 import msgspec
 
 from plumbing.kafka import KafkaSettings
 from plumbing.logs import configure_logging
+from plumbing.topics import ensure_topics
 from schemas.config import parse_config
 from schemas.messages import Request
+from schemas.topics import Topics
 from tokens.counting import WhitespaceTokenCounter
 from traffic.replay import ReplaySettings, replay
 from traffic.replay_sources import ReplayItem
@@ -84,7 +87,7 @@ class BurstOutcome(NamedTuple):
 
 def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
            start_at: float | None, delay_s: float, timeout_s: float, nice: int,
-           fetch_max_wait_ms: int | None, out) -> None:
+           fetch_max_wait_ms: int | None, reply_partitions: int, out) -> None:
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
@@ -98,8 +101,13 @@ def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
         kafka = KafkaSettings(bootstrap=bootstrap)
         if fetch_max_wait_ms is not None:
             kafka = msgspec.structs.replace(kafka, fetch_max_wait_ms=fetch_max_wait_ms)
+        run_id = f"burst{uuid.uuid4().hex[:8]}"
+        if reply_partitions > 1:
+            # The client follows every partition its reply topic has.
+            topic = f"{Topics.of(config).reply_prefix(config)}replay-{run_id}"
+            await ensure_topics(kafka, {topic: reply_partitions})
         run = await replay(kafka, config, items, ReplaySettings(
-            timeout_s=timeout_s, progress=False, samples=False, lead_s=0.0))
+            timeout_s=timeout_s, progress=False, samples=False, lead_s=0.0, run_id=run_id))
         statuses: dict[str, int] = {}
         for o in run.outcomes:
             statuses[o.status] = statuses.get(o.status, 0) + 1
@@ -154,11 +162,13 @@ class BurstProcess:
 
 def start_burst(bootstrap: str, config_text: str, *, org: str, burst: int, tokens: int,
                 start_at: float | None = None, delay_s: float = 0.0, timeout_s: float = 300.0,
-                nice: int = 10, fetch_max_wait_ms: int | None = None) -> BurstProcess:
+                nice: int = 10, fetch_max_wait_ms: int | None = None,
+                reply_partitions: int = 1) -> BurstProcess:
     """Start the bursting org's process; it sends at ``start_at`` (epoch seconds), or
     when None ``delay_s`` after its requests are built (:meth:`BurstProcess.ready` says
     when). ``fetch_max_wait_ms``: its client's, where not the default (a long run on the
-    embedded broker, docs/reliability.md).
+    embedded broker, docs/reliability.md). ``reply_partitions``: its reply topic's (a
+    million results in one partition are more batches than the embedded broker lists).
 
     At a lower CPU priority (``nice``, as the demo's bursting org,
     ``app/demo_burst.py``): it stands for another team's service on other
@@ -169,6 +179,6 @@ def start_burst(bootstrap: str, config_text: str, *, org: str, burst: int, token
     queue = ctx.Queue()
     process = ctx.Process(target=_child, daemon=True, args=(
         bootstrap, config_text, org, burst, tokens, start_at, delay_s, timeout_s, nice,
-        fetch_max_wait_ms, queue))
+        fetch_max_wait_ms, reply_partitions, queue))
     process.start()
     return BurstProcess(process, queue, timeout_s)

@@ -208,7 +208,13 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                         child = start_burst(kafka.require_bootstrap(), text, org=BURST_ORG,
                                             burst=burst, tokens=tokens, delay_s=2.0,
                                             timeout_s=args.burst_timeout_s,
-                                            fetch_max_wait_ms=kafka.fetch_max_wait_ms)
+                                            # A bulk job's client: its results come in
+                                            # minutes, and a long reply topic is listed
+                                            # further in a longer fetch on the embedded
+                                            # broker (docs/reliability.md).
+                                            fetch_max_wait_ms=max(500,
+                                                                  kafka.fetch_max_wait_ms),
+                                            reply_partitions=8)
                         began_s = await child.ready() - settings.lead_s - 5.0
                         await asyncio.sleep(max(0.0, began_s - time.time()))
                     run = await replay(kafka, config, items, settings)
