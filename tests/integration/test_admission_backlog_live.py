@@ -11,10 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiokafka.structs import TopicPartition
 
-from plumbing.kafka import KafkaSettings, make_consumer
-from plumbing.topics import wait_for_topics
+from plumbing.kafka import KafkaSettings
 from producer.backlog import RECORD_ITEMS
 from producer.service import AdmissionService
 from schemas.topics import Topics
@@ -64,24 +62,6 @@ async def _until_topic_committed(service: AdmissionService, topic: str, n: int,
                              f"committed: {done}") from None
 
 
-async def _backlog_records(settings: KafkaSettings, topic: str) -> int:
-    """How many records ``topic`` holds, read from the start (no group), to the end."""
-    partitions = (await wait_for_topics(settings, {topic: 1}))[topic]
-    consumer = make_consumer(settings, group_id=None)
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-        await consumer.seek_to_beginning()
-        n, empty = 0, 0
-        async with asyncio.timeout(15):
-            while empty < 5:  # 5 fetches of 100 ms with nothing: at the end
-                got = sum(len(b) for b in (await consumer.getmany(timeout_ms=100)).values())
-                n, empty = n + got, 0 if got else empty + 1
-        return n
-    finally:
-        await consumer.stop()
-
-
 async def test_a_burst_past_the_bound_waits_in_the_backlog_and_comes_back_in_order(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
     """300 records of bulk, shaped to 200/s so they wait, then one of quiet: bulk's 20th
@@ -112,7 +92,8 @@ async def test_a_burst_past_the_bound_waits_in_the_backlog_and_comes_back_in_ord
         # Every offset of both topics committed: nothing left to replay.
         await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
         await _until_topic_committed(service, topics.ingress, BURST + 1)
-        backlog_records = await _backlog_records(kafka_settings, topics.backlog)
+        # The whole topic, to each partition's end: every backlog record written.
+        backlog_records = len(await read_settled(kafka_settings, topics.backlog, 0, count=len))
         assert backlog_records >= written / RECORD_ITEMS
         await _until_topic_committed(service, topics.backlog, backlog_records)
         assert _sample(service, "sf_admission_read_ahead_records") == 0

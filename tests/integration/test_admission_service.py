@@ -87,22 +87,31 @@ async def _produce(settings: KafkaSettings, topic: str, value: bytes, *, key: by
         await producer.stop()
 
 
-async def _read(settings: KafkaSettings, topic: str, n: int, timeout_s: float = 15.0) -> list:
-    """The first ``n`` records of ``topic`` (all partitions), read with no group."""
+@contextlib.asynccontextmanager
+async def from_start(settings: KafkaSettings, topic: str) -> AsyncIterator[tuple]:
+    """A consumer with no group on every partition of ``topic``, at its start; and those
+    partitions."""
     partitions = (await wait_for_topics(settings, {topic: 1}))[topic]
     consumer = make_consumer(settings, group_id=None)
     await consumer.start()
     try:
-        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
         await consumer.seek_to_beginning()
+        yield consumer, tps
+    finally:
+        await consumer.stop()
+
+
+async def _read(settings: KafkaSettings, topic: str, n: int, timeout_s: float = 15.0) -> list:
+    """The first ``n`` records of ``topic`` (all partitions), read with no group."""
+    async with from_start(settings, topic) as (consumer, _):
         records: list = []
         async with asyncio.timeout(timeout_s):
             while len(records) < n:
                 for batch in (await consumer.getmany(timeout_ms=100)).values():
                     records.extend(batch)
         return records
-    finally:
-        await consumer.stop()
 
 
 async def _send_burst(settings: KafkaSettings, topic: str, n: int) -> None:

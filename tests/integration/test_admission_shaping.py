@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiokafka.structs import TopicPartition
 
-from plumbing.kafka import KafkaSettings, make_consumer
-from plumbing.topics import wait_for_topics
+from plumbing.kafka import KafkaSettings
 from schemas.topics import Topics
 from tests.integration.pipeline_setup import running
 from tests.integration.test_admission_service import (
@@ -21,6 +20,7 @@ from tests.integration.test_admission_service import (
     _until,
     _until_committed,
     _write_config,
+    from_start,
 )
 from tests.packed import admitted_in
 
@@ -28,31 +28,26 @@ pytestmark = pytest.mark.integration
 
 
 async def read_settled(settings: KafkaSettings, topic: str, n: int, timeout_s: float = 15.0,
-                       quiet_s: float = 1.0) -> list:
+                       quiet_s: float = 1.0,
+                       count: Callable[[list], int] | None = None) -> list:
     """Every record of ``topic`` (all partitions, no group): at least ``n`` requests (a
-    pack's each counted, :mod:`tests.packed`), then on to
+    pack's each counted, :mod:`tests.packed`; ``count`` counts otherwise), then on to
     each partition's end and ``quiet_s`` more with nothing new, so a late second copy
     is read too (reading only the first ``n`` would stop before it)."""
-    partitions = (await wait_for_topics(settings, {topic: 1}))[topic]
-    consumer = make_consumer(settings, group_id=None)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning()
-        records: list = []
+    counted = count or (lambda records: len(admitted_in(records)))
+    records: list = []
+    async with from_start(settings, topic) as (consumer, tps):
         try:
-            return await _read_to_end(consumer, tps, records, n, timeout_s + quiet_s, quiet_s)
+            return await _read_to_end(consumer, tps, records, n, counted,
+                                      timeout_s + quiet_s, quiet_s)
         except TimeoutError:
             raise AssertionError(
                 f"timed out after {timeout_s + quiet_s:.0f} s reading {topic}: "
-                f"{len(admitted_in(records))} requests of the {n} waited for") from None
-    finally:
-        await consumer.stop()
+                f"{counted(records)} requests of the {n} waited for") from None
 
 
-async def _read_to_end(consumer, tps: list, records: list, n: int, timeout_s: float,
-                       quiet_s: float) -> list:
+async def _read_to_end(consumer, tps: list, records: list, n: int,
+                       count: Callable[[list], int], timeout_s: float, quiet_s: float) -> list:
     """Read into ``records`` until at least ``n`` requests and the end, then ``quiet_s``."""
     async with asyncio.timeout(timeout_s):
         quiet_since = None
@@ -65,7 +60,7 @@ async def _read_to_end(consumer, tps: list, records: list, n: int, timeout_s: fl
                 high = consumer.highwater(tp)
                 if high is None or await consumer.position(tp) < high:
                     at_end = False
-            if got or not at_end or len(admitted_in(records)) < n:
+            if got or not at_end or count(records) < n:
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = time.monotonic()
