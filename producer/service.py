@@ -178,6 +178,12 @@ class _Step(msgspec.Struct):
     sends: list[_Send] = msgspec.field(default_factory=list)
     written: Any = None
 
+    def add(self, outbox: Outbox, send: _Send) -> None:
+        """Keep ``send`` with this step (to settle it) and hand it to ``outbox``."""
+        self.sends.append(send)
+        outbox.add(send.topic, send.value, key=send.key, partition=send.partition,
+                   headers=send.headers)
+
 
 class AdmissionService(Service):
     """The admission service (:class:`plumbing.service.Service`: ``async with``, ``run``).
@@ -389,9 +395,7 @@ class AdmissionService(Service):
         outbox = self._outbox
         assert outbox is not None, "open() ran"
         for send in aside:
-            step.sends.append(send)
-            outbox.add(send.topic, send.value, key=send.key, partition=send.partition,
-                       headers=send.headers)
+            step.add(outbox, send)
         step.written = await outbox.submit()
         return step
 
@@ -524,15 +528,13 @@ class AdmissionService(Service):
                 if packing and send.admitted is not None:
                     packs.setdefault((send.topic, send.admitted.org), []).append(send)
                     continue
-                step.sends.append(send)
-                outbox.add(send.topic, send.value, key=send.key, headers=send.headers)
+                step.add(outbox, send)
             if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # a step is milliseconds of work: the loop's other tasks
         for sends in packs.values():
             # Within service.max_message_bytes, which the scheduler reads records up to.
             for send in _packed(sends, self.config.service.max_message_bytes):
-                step.sends.append(send)
-                outbox.add(send.topic, send.value, key=send.key, headers=send.headers)
+                step.add(outbox, send)
         step.written = await outbox.submit()
         return step
 
