@@ -32,6 +32,7 @@ Pure: no I/O, no clock (times come from the messages).
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from dataclasses import dataclass
 
@@ -43,6 +44,12 @@ __all__ = ["CostHandover", "TakeOver"]
 #: batch_done reports kept for a takeover: snapshots come every few hundred
 #: milliseconds, so only the last few reports are ever replayed.
 RECENT_REPORTS = 4096
+#: ... and at most this many per-request timings in them all: a report has one
+#: per request of its batch, so a count of reports alone let 4,096 batches of
+#: 256 keep a million (~200 MB). 32,768 is about a second of requests at the
+#: most one scheduler moves (docs/benchmarks.md "Scale"), four snapshots'
+#: worth; each costs ~100 bytes (a tuple, a float, an int; the org interned).
+RECENT_SAMPLES = 32_768
 
 
 @dataclass(frozen=True)
@@ -58,20 +65,31 @@ class TakeOver:
 class CostHandover:
     """Marks and recent reports of this instance, and the newest snapshot of another leader."""
 
-    def __init__(self, keep: int = RECENT_REPORTS):
+    def __init__(self, keep: int = RECENT_REPORTS, keep_samples: int = RECENT_SAMPLES):
         #: endpoint -> worker -> the last report folded into this instance's core
         self.marks: dict[str, dict[str, FeedbackMark]] = {}
-        #: (endpoint, worker, mark, samples) in the order read
-        self.recent: deque[tuple[str, str, FeedbackMark, list[tuple[str, int, float]]]] = deque(
-            maxlen=keep)
+        #: (endpoint, worker, mark, samples) in the order read: the newest
+        #: ``keep`` reports, fewer where they hold more than ``keep_samples``
+        #: timings (the newest report is kept whatever its size).
+        self.recent: deque[tuple[str, str, FeedbackMark, list[tuple[str, int, float]]]] = deque()
+        self.keep = keep
+        self.keep_samples = keep_samples
+        #: Timings in ``recent``.
+        self.samples = 0
         self.latest: SchedulerState | None = None
 
     def seen(self, ev: WorkerEvent) -> None:
         """A ``batch_done`` whose timings were just fed to the core (``Scheduler.feedback``)."""
         mark = FeedbackMark(sent_ms=ev.sent_ms, batch_id=ev.batch_id)
         self.marks.setdefault(ev.endpoint, {})[ev.worker] = mark
-        self.recent.append((ev.endpoint, ev.worker, mark,
-                            [(t.org, t.tokens, t.seconds) for t in ev.timings]))
+        # Interned: a decoded report's org names are fresh strings, one per
+        # request; kept as they are they were most of what a report held.
+        samples = [(sys.intern(t.org), t.tokens, t.seconds) for t in ev.timings]
+        self.recent.append((ev.endpoint, ev.worker, mark, samples))
+        self.samples += len(samples)
+        while len(self.recent) > 1 and (len(self.recent) > self.keep
+                                        or self.samples > self.keep_samples):
+            self.samples -= len(self.recent.popleft()[3])
 
     def export(self, core: Scheduler) -> dict[str, CostState]:
         """Every adaptive lane's measurements, with the marks, for the next snapshot."""

@@ -75,11 +75,16 @@ def test_the_new_leader_charges_what_the_old_one_would_have(seen_by_standby):
         assert before != pytest.approx(want, rel=1e-3)  # without the takeover it would differ
 
 
-def test_marks_older_than_what_is_kept_fall_back_to_report_times():
-    """With the marked reports gone from the buffer, reports after the marks' time are replayed."""
+@pytest.mark.parametrize("bound", [{"keep": 5}, {"keep_samples": 11}],
+                         ids=["reports", "timings"])
+def test_marks_older_than_what_is_kept_fall_back_to_report_times(bound):
+    """With the marked reports gone from the buffer, reports after the marks' time are replayed.
+
+    Each report holds two timings, so 11 timings keep the last 5 reports, as 5 reports do.
+    """
     evs = reports(30)
     leader, lh = Scheduler(config()), CostHandover()
-    standby, sh = Scheduler(config()), CostHandover(keep=5)
+    standby, sh = Scheduler(config()), CostHandover(**bound)
     for i, ev in enumerate(evs):
         apply(leader, lh, ev)
         apply(standby, sh, ev)
@@ -88,6 +93,27 @@ def test_marks_older_than_what_is_kept_fall_back_to_report_times():
     took = sh.take_over(standby, epoch=2)
     assert took.replayed == 5
     assert costs(standby) == pytest.approx(costs(leader), rel=1e-12)
+
+
+def test_what_is_kept_is_bounded_by_timings_not_only_by_reports():
+    """Reports of large batches: the timings kept stay within the bound, the newest report
+    stays whatever its size, and each org's name is one string however many reports name it."""
+    def big(i: int, n: int) -> WorkerEvent:
+        # Decoded, as the service reads it: every org name a fresh string.
+        ev = WorkerEvent(worker="w1", endpoint=ENDPOINT, kind="batch_done", partitions=[0],
+                         slots=2, free_slots=1, sent_ms=i, batch_id=f"b{i}",
+                         timings=[BatchTiming(org="pads", tokens=9, seconds=1e-3)] * n)
+        codec = codec_for(WorkerEvent)
+        return codec.decode(codec.encode(ev), "msgpack")
+
+    h = CostHandover(keep_samples=1_000)
+    for i in range(50):
+        h.seen(big(i, 256))
+    assert [r[2].batch_id for r in h.recent] == ["b47", "b48", "b49"]
+    assert h.samples == sum(len(r[3]) for r in h.recent) == 768
+    assert len({id(org) for r in h.recent for org, _, _ in r[3]}) == 1
+    h.seen(big(50, 5_000))
+    assert [r[2].batch_id for r in h.recent] == ["b50"] and h.samples == 5_000
 
 
 def test_only_an_older_leaders_newest_snapshot_counts():
