@@ -35,7 +35,7 @@ from typing import Any, Self
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from plumbing.bounded import cancel_within, within
+from plumbing.bounded import WaitTimeout, bounded, cancel_within, within
 from plumbing.brokerwatch import BrokerWatch
 from plumbing.heap import settle
 from plumbing.kafka import KafkaSettings, kafka_endpoint
@@ -65,6 +65,11 @@ class StartStop:
 
 #: How long a stop waits for a cancelled loop to end before it goes on without it.
 _CANCEL_S = 5.0
+#: How long a stop waits for a part (:attr:`Service._parts`) to stop, and for
+#: :meth:`Service.close` to close the Kafka clients, before it goes on: a
+#: client's shutdown against a broker that went away in the middle of it can
+#: wait for ever (aiokafka's commit looks for a coordinator until it finds one).
+_CLOSE_S = 30.0
 
 
 class Service(StartStop):
@@ -93,6 +98,8 @@ class Service(StartStop):
         self.metrics_port = settings.metrics_port
         #: How long a stop waits for :meth:`main` to settle what it holds.
         self.stop_grace_s = stop_grace_s
+        #: How long a stop waits for each part, then for :meth:`close`.
+        self.close_s = _CLOSE_S
         self.log = get_logger(self.name)
         self.started = False
         self._stopping = asyncio.Event()
@@ -232,11 +239,21 @@ class Service(StartStop):
                                     "replays what was in hand")
         await self._cancel(self._tasks)
         for part in reversed(self._parts):
-            with contextlib.suppress(Exception):
-                await part.stop()
+            try:
+                await bounded(part.stop(), self.close_s, f"{type(part).__name__} to stop")
+            except WaitTimeout as e:
+                self.log.warning(f"{self.name}_close_unsettled", detail=str(e))
+            except Exception as e:  # noqa: BLE001  # a part that fails to stop must not keep the rest
+                self.log.warning(f"{self.name}_part_stop_failed", part=type(part).__name__,
+                                 error=repr(e))
         self._parts = []
         try:
-            await self.close()
+            await bounded(self.close(), self.close_s,
+                          f"{self.name} to close its Kafka clients")
+        except WaitTimeout as e:
+            self.log.warning(f"{self.name}_close_unsettled",
+                             detail=f"{e}: what it had not committed is replayed by the "
+                                    "next owner")
         finally:
             await self._cancel(list(self._side))
             if self._telemetry is not None:
