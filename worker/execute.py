@@ -211,6 +211,12 @@ class BatchExecutor:
         #: (smaller calls are mostly fixed cost): the expected time of a
         #: batch's last call.
         self.seconds_per_padded_token: float | None = None
+        #: Moving average of the seconds of the smaller calls, which that rate
+        #: does not fit: a batch's last call is often one (its leftover texts),
+        #: and with no estimate its credit went back only as it started, a few
+        #: ms before the model ran dry (bench/sustained.py: 12.8 s of a 74 s
+        #: run idle waiting for the next batch, docs/load.md).
+        self.seconds_per_small_call: float | None = None
         #: int8/uint8 ranges per option set (worker.calibration).
         self.calibration = RangeCache(calibration_texts)
 
@@ -551,6 +557,9 @@ class BatchExecutor:
             sample = seconds / padded
             ema = self.seconds_per_padded_token
             self.seconds_per_padded_token = sample if ema is None else 0.8 * ema + 0.2 * sample
+        elif padded > 0 and seconds >= 0:
+            small = self.seconds_per_small_call
+            self.seconds_per_small_call = seconds if small is None else 0.8 * small + 0.2 * seconds
         self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
 
     def _sizeable(self, texts: int, padded: int) -> bool:
@@ -558,11 +567,21 @@ class BatchExecutor:
         return texts * 2 >= self.max_size or padded * 4 >= self.max_padded_tokens
 
     def _expect_s(self, capped: list[int]) -> float | None:
-        """Expected seconds of a call on texts of these (capped) lengths; None if not known."""
+        """Expected seconds of a call on texts of these (capped) lengths; None if not known.
+
+        A sizeable call: the rate per padded token times its padded tokens. A
+        smaller one is mostly fixed cost: the smaller calls' average, or that
+        rate's figure where it is larger (None while neither is measured).
+        """
         padded = _call_padded(capped)
-        if self.seconds_per_padded_token is None or not self._sizeable(len(capped), padded):
-            return None  # small calls are mostly fixed cost: no estimate
-        return self.seconds_per_padded_token * padded
+        rate = self.seconds_per_padded_token
+        if self._sizeable(len(capped), padded):
+            return None if rate is None else rate * padded
+        by_rate = None if rate is None else rate * padded
+        small = self.seconds_per_small_call
+        if small is None:
+            return by_rate
+        return small if by_rate is None else max(small, by_rate)
 
     @staticmethod
     def _place(pending: list[_Pending], where: tuple[int, int], vector: np.ndarray,

@@ -293,23 +293,35 @@ async def test_a_batch_left_early_cancels_its_waiting_calls():
 
 
 async def test_the_last_call_is_announced_with_its_expected_time_once_calls_are_measured():
-    """No estimate before any call is measured; then the rate measured so far times its size."""
-    told: list[tuple[float | None, float | None]] = []
-    ex = BatchExecutor(FakeEmbedder(ms_per_token=0.5), "embed", worker="w",
+    """No estimate before any call is measured; then the rate measured so far times its
+    size; a small call (mostly fixed cost) the small calls' average once one is measured,
+    or the rate's figure where that is larger."""
+    told: list[tuple[float | None, float | None, float | None]] = []
+    # 5 ms a call besides 0.5 ms a padded token: a call of 2 tokens is mostly fixed cost.
+    ex = BatchExecutor(FakeEmbedder(ms_per_token=0.5, ms_per_batch=5), "embed", worker="w",
                        max_padded_tokens=16, max_size=4, inline=True,
                        on_release=lambda b, expect_s: told.append(
-                           (expect_s, ex.seconds_per_padded_token)))
+                           (expect_s, ex.seconds_per_padded_token, ex.seconds_per_small_call)))
     four_words = ["one two three four"]
     await collect(ex, batch([req(i, four_words) for i in range(4)]))  # one call of 4 x 4
-    assert told == [(None, None)]
-    await collect(ex, batch([req(i, four_words) for i in range(4)] + [req(9, ["one two"])]))
-    # Two calls: 4 x 4 tokens (measured), then 1 x 2 tokens: too small to estimate.
-    assert told[1][0] is None
+    assert told == [(None, None, None)]
+    small_batch = [req(i, four_words) for i in range(4)] + [req(9, ["one two"])]
+    await collect(ex, batch(small_batch))
+    # Two calls: 4 x 4 tokens (measured), then 1 x 2 tokens: no small call measured
+    # yet, so the rate's figure for its 2 padded tokens.
+    expect_s, rate, small = told[1]
+    assert small is None and rate is not None and rate > 0
+    assert expect_s == pytest.approx(rate * 2)
+    assert ex.seconds_per_small_call is not None  # that call is measured now
     await collect(ex, batch([req(i, four_words) for i in range(8)]))
     # Two calls of 4 x 4: the last one's estimate is the rate measured before it, x 16.
-    expect_s, rate = told[2]
-    assert rate is not None and rate > 0
+    expect_s, rate, _ = told[2]
     assert expect_s == pytest.approx(rate * 16)
+    await collect(ex, batch(small_batch))
+    expect_s, rate, small = told[3]
+    assert small is not None
+    assert expect_s == pytest.approx(max(small, rate * 2))
+    assert expect_s > 2 * rate * 2  # the fixed cost the rate leaves out is counted
 
 
 async def test_texts_of_no_tokens_are_served_and_leave_the_estimate_alone():
