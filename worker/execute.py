@@ -146,6 +146,11 @@ class _Once:
         return told
 
 
+def _ema(average: float | None, sample: float) -> float:
+    """A moving average's next value: ``sample`` weighs 0.2 (the first sample is the average)."""
+    return sample if average is None else 0.8 * average + 0.2 * sample
+
+
 async def _inline(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
@@ -554,12 +559,9 @@ class BatchExecutor:
             pending[owner[k][0]].seconds += seconds * c / total
         padded = _call_padded(capped)
         if padded > 0 and seconds >= 0 and self._sizeable(len(idx), padded):
-            sample = seconds / padded
-            ema = self.seconds_per_padded_token
-            self.seconds_per_padded_token = sample if ema is None else 0.8 * ema + 0.2 * sample
+            self.seconds_per_padded_token = _ema(self.seconds_per_padded_token, seconds / padded)
         elif padded > 0 and seconds >= 0:
-            small = self.seconds_per_small_call
-            self.seconds_per_small_call = seconds if small is None else 0.8 * small + 0.2 * seconds
+            self.seconds_per_small_call = _ema(self.seconds_per_small_call, seconds)
         self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
 
     def _sizeable(self, texts: int, padded: int) -> bool:
@@ -575,11 +577,9 @@ class BatchExecutor:
         """
         padded = _call_padded(capped)
         rate = self.seconds_per_padded_token
-        if self._sizeable(len(capped), padded):
-            return None if rate is None else rate * padded
         by_rate = None if rate is None else rate * padded
         small = self.seconds_per_small_call
-        if small is None:
+        if small is None or self._sizeable(len(capped), padded):
             return by_rate
         return small if by_rate is None else max(small, by_rate)
 
