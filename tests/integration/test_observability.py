@@ -142,8 +142,15 @@ async def run(broker: EmbeddedBroker) -> Run:
             async def admission_done() -> bool:
                 return total(await ascrape(urls["admission"]), "sf_admission_results_total") == 1
 
+            # The scheduler's tier lag is published by its commit loop (every 500 ms,
+            # after a commit): once, at least, before the scrape is read.
+            async def scheduler_lag_published() -> bool:
+                return total(await ascrape(urls["scheduler"]),
+                             "sf_scheduler_consumer_lag_records", tier="gold") is not None
+
             await _until(worker_done, "the worker's ok results")
             await _until(admission_done, "admission's result")
+            await _until(scheduler_lag_published, "the scheduler's tier lag gauge")
             for name, url in urls.items():
                 setattr(out, name, await ascrape(url))
         out.lines = stream.getvalue().splitlines()
