@@ -75,8 +75,14 @@ EpochMs = Annotated[int, Meta(ge=0, le=10**14)]
 DurationMs = Annotated[int, Meta(ge=1, le=86_400_000)]
 
 
-class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Base of every wire message: keyword-only, defaults left off the wire."""
+class Message(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """Base of every wire message: keyword-only, defaults left off the wire.
+
+    Not tracked by the garbage collector (``gc=False``): a message is a tree of
+    values and never part of a reference cycle, and the scheduler holds tens of
+    thousands of them (the collector's passes over them cost it ~10 % of its CPU
+    under a burst, ``docs/benchmarks.md``). Never store a message in itself.
+    """
 
 
 class EmbedInput(Message, kw_only=True, tag="embed"):
