@@ -45,28 +45,30 @@ class OffsetTracker:
         if p.next is None or offset + 1 > p.next:
             p.next = offset + 1
 
-    def hold(self, tp: Hashable, offset: int) -> None:
-        """Keep ``offset`` of ``tp`` uncommitted until :meth:`release`."""
+    def hold(self, tp: Hashable, offset: int, times: int = 1) -> None:
+        """Keep ``offset`` of ``tp`` uncommitted until it is released as many ``times``
+        (a record of several requests is held once for each)."""
         p = self._parts.get(tp)
         if p is None:
             p = self._parts[tp] = _Partition()
         n = p.held.get(offset, 0)
-        p.held[offset] = n + 1
+        p.held[offset] = n + times
         if n == 0:
             heappush(p.heap, offset)
         if p.next is None or offset + 1 > p.next:
             p.next = offset + 1
 
-    def release(self, tp: Hashable, offset: int) -> None:
-        """``offset`` of ``tp`` is done; unknown partitions and offsets are ignored."""
+    def release(self, tp: Hashable, offset: int, times: int = 1) -> None:
+        """``offset`` of ``tp`` is done ``times`` over; unknown partitions and offsets are
+        ignored, and a release beyond its holds drops the offset (never below zero)."""
         p = self._parts.get(tp)
         if p is None:
             return
         n = p.held.get(offset)
         if n is None:
             return
-        if n > 1:
-            p.held[offset] = n - 1
+        if n > times:
+            p.held[offset] = n - times
         else:
             del p.held[offset]  # its heap slot is dropped lazily
 

@@ -113,6 +113,11 @@ class Scheduler:
         lane = self.lanes.get(endpoint)
         return lane.cost.cost(e) if lane is not None else float(e.tokens)
 
+    def cost_of(self, endpoint: str) -> Callable[[Entry], float]:
+        """:meth:`cost` on ``endpoint``'s lane, resolved once (for a batch's requests)."""
+        lane = self.lanes.get(endpoint)
+        return lane.cost.cost if lane is not None else (lambda e: float(e.tokens))
+
     def backlog_cost(self, endpoint: str) -> Callable[[str, int, int], float]:
         """``cost(org, requests, tokens)`` of held work on ``endpoint``, in its units.
 

@@ -38,6 +38,9 @@ class Outgoing(NamedTuple):
     partition: int
     batch: Batch
     entries: list[Entry]
+    #: What the batch charged, per org: ``(tier, org, requests, cost)``, cost in the
+    #: lane's units as the core charged it.
+    charges: list[tuple[str, str, int, float]]
 
 
 @dataclass(eq=False)
@@ -106,12 +109,23 @@ class Dispatcher:
         self.sent_tokens[batch.id] = batch.tokens
         if len(self.sent_tokens) > _SENT_TOKENS_KEPT:
             del self.sent_tokens[next(iter(self.sent_tokens))]
+        cost = self.core.cost_of(endpoint)
+        per_org: dict[tuple[str, str], list] = {}
         for e in entries:
-            self.backlog.remove(endpoint, e.tier, e.org, e.tokens)
+            c = per_org.get(key := (e.tier, e.org))
+            if c is None:
+                per_org[key] = [1, e.tokens, cost(e)]
+            else:
+                c[0] += 1
+                c[1] += e.tokens
+                c[2] += cost(e)
+        for (tier, org), (n, tokens, _) in per_org.items():
+            self.backlog.remove(endpoint, tier, org, tokens, n)
+        charges = [(tier, org, n, c) for (tier, org), (n, _, c) in per_org.items()]
         if self.watch is not None:
-            self.watch.served(now, endpoint, entries,
-                              lambda e, ep=endpoint: self.core.cost(ep, e), self.backlog)
-        return Outgoing(endpoint, partition, batch, entries)
+            self.watch.charged(now, endpoint, [(t, o, c) for t, o, _, c in charges],
+                               self.backlog)
+        return Outgoing(endpoint, partition, batch, entries, charges)
 
     def in_flight_tokens(self, endpoint: str, full_batch_tokens: int) -> int:
         """Tokens of the batches outstanding at ``endpoint``'s workers (the throttle's due).

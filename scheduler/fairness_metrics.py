@@ -126,8 +126,13 @@ class LiveFairness:
     def served(self, now: float, endpoint: str, entries: Iterable,
                cost: Callable[[object], float], backlog: Backlog) -> None:
         """Right after a batch was assembled (before any await): what it charged, who waits."""
-        self.watch.served(now, endpoint, [(e.tier, e.org, cost(e)) for e in entries],
-                          backlog.held_serials(endpoint))
+        self.charged(now, endpoint, [(e.tier, e.org, cost(e)) for e in entries], backlog)
+
+    def charged(self, now: float, endpoint: str, charges: Iterable[tuple[str, str, float]],
+                backlog: Backlog) -> None:
+        """As :meth:`served`, from what the batch charged: ``(tier, org, cost)``, an org
+        once or once per request."""
+        self.watch.served(now, endpoint, charges, backlog.held_serials(endpoint))
 
     def batch_done(self, endpoint: str, seconds: float, *, requests: int = 0, tokens: int = 0,
                    alpha: float = 0.2) -> None:

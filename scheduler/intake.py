@@ -41,7 +41,7 @@ import contextlib
 import dataclasses
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 import structlog
@@ -78,8 +78,9 @@ _ITEM_HEADERS = {"json": [("content-type", b"application/json")],
 _RESUME_AT = 0.9
 #: Longest wait for the commit of a revoked partition (or at stop).
 _COMMIT_ON_REVOKE_S = 3.0
-#: Records held between two yields to the event loop within a slice: the
-#: consumers' fetchers take their next step only when the loop lets them.
+#: Requests held (or records read) between two yields to the event loop within
+#: a slice: the consumers' fetchers take their next step only when the loop
+#: lets them. Counted in requests: a pack of 20 counts 20.
 _YIELD_EVERY = 32
 
 
@@ -242,10 +243,10 @@ class TierIntake:
     async def run(self) -> None:
         """Read forever, one slice of at most ``max_poll_records`` at a time.
 
-        After each slice, and every ``_YIELD_EVERY`` records within one, the
+        After each slice, and every ``_YIELD_EVERY`` requests within one, the
         dispatcher is woken and runs before intake goes on: a free worker slot
-        is served within a few dozen records of intake, never after a whole
-        burst is read.
+        (and a worker's report of one) is served within a few dozen requests of
+        intake, never after a whole burst is read.
         """
         consumer = self._consumer
         assert consumer is not None, "start() ran"
@@ -260,14 +261,18 @@ class TierIntake:
             received: dict[str, int] = {}
             taken = 0
             newest = self.admitted_through_ms
+            core = self.core
             for tp, records in batches.items():
                 for rec in records:
                     if tp not in self.assigned:
                         break  # revoked while we yielded: the next owner reads the rest
-                    for bad, reason, error in self._hold_record(tp, rec, now_ms, received):
+                    before = core.held
+                    rejected = self._hold_record(tp, rec, now_ms, received)
+                    taken += max(1, core.held - before)
+                    for bad, reason, error in rejected:
                         await self._reject(bad, reason, error)
-                    taken += 1
-                    if taken % _YIELD_EVERY == 0:
+                    if taken >= _YIELD_EVERY:
+                        taken = 0
                         # The dispatcher (a freed slot), and the consumers'
                         # fetchers (the worker's credit among them), go first.
                         self.wake.set()
@@ -310,11 +315,13 @@ class TierIntake:
         bad item of a pack is rejected alone, and the others are held.
         """
         max_bytes = self.config.service.max_message_bytes
+        held: dict[tuple[str, str, str], list[int]] = {}
         try:
             fmt = format_from_headers(rec.headers)
             if not is_pack(rec.headers):
                 req = _request_codec.decode(rec.value, fmt, max_bytes=max_bytes)
-                why = self._hold(tp, rec.offset, req, now_ms, received)
+                why = self._hold(tp, rec.offset, req, now_ms, received, held)
+                self._held(tp, rec.offset, now_ms, held)
                 return [] if why is None else self._rejected(tp, rec, *why)
             items = unpack_requests(rec.value, fmt, max_bytes=max_bytes)
         except DecodeError as e:
@@ -326,10 +333,11 @@ class TierIntake:
                 assert item.error is not None
                 why = item.error.reason, str(item.error)
             else:
-                why = self._hold(tp, rec.offset, item.value, now_ms, received)
+                why = self._hold(tp, rec.offset, item.value, now_ms, received, held)
             if why is not None:
                 alone = dataclasses.replace(rec, value=item.raw, headers=_ITEM_HEADERS[fmt])
                 out += self._rejected(tp, alone, *why)
+        self._held(tp, rec.offset, now_ms, held)
         return out
 
     def _rejected(self, tp: TopicPartition, rec, reason: str,
@@ -338,8 +346,13 @@ class TierIntake:
         return [(rec, reason, error)]
 
     def _hold(self, tp: TopicPartition, offset: int, req: AdmittedRequest, now_ms: int,
-              received: dict[str, int]) -> tuple[str, str] | None:
-        """Push one request into the core; (reason, error) if it must be rejected."""
+              received: dict[str, int],
+              held: dict[tuple[str, str, str], list[int]]) -> tuple[str, str] | None:
+        """Push one request into the core; (reason, error) if it must be rejected.
+
+        What it holds is counted in ``held`` (``(endpoint, tier, org)`` ->
+        ``[requests, tokens]``), for :meth:`_held` once per record.
+        """
         if req.id in self.skip:
             # A predecessor's batch holds it, and a worker serves that batch.
             self.skipped += 1
@@ -364,18 +377,32 @@ class TierIntake:
                       arrival=now_ms / 1000, payload=req)
         received[tier] = received.get(tier, 0) + 1
         if self.core.push(req.endpoint, entry):
-            self.offsets.hold(tp, offset)
             self._origin[req.id] = (tp, offset)
-            floor = self._takeover_floor_ms if self._replaying else None
-            at = now_ms if floor is None else min(floor, now_ms)
-            # A pack's requests share one offset: its floor is its first one's.
-            self._floor_at.setdefault((tp, offset), at)
-            self.backlog.add(req.endpoint, tier, req.org, req.tokens)
+            c = held.get(key := (req.endpoint, tier, req.org))
+            if c is None:
+                held[key] = [1, req.tokens]
+            else:
+                c[0] += 1
+                c[1] += req.tokens
         else:
             self.totals["duplicates"] += 1
             self.metrics.duplicates.labels(tier).inc()
             self.offsets.consumed(tp, offset)
         return None
+
+    def _held(self, tp: TopicPartition, offset: int, now_ms: int,
+              held: dict[tuple[str, str, str], list[int]]) -> None:
+        """One record's requests were pushed (``held``, as :meth:`_hold` counts them): its
+        offset is held once per request, and the backlog counts them."""
+        n = sum(c[0] for c in held.values())
+        if not n:
+            return
+        self.offsets.hold(tp, offset, n)
+        floor = self._takeover_floor_ms if self._replaying else None
+        # A pack's requests share one offset and one floor.
+        self._floor_at.setdefault((tp, offset), now_ms if floor is None else min(floor, now_ms))
+        for (endpoint, tier, org), (requests, tokens) in held.items():
+            self.backlog.add(endpoint, tier, org, tokens, requests)
 
     async def _reject(self, rec, reason: str, error: str) -> None:
         """Dead-letter a tier record and answer its sender if the address is readable."""
@@ -457,9 +484,19 @@ class TierIntake:
 
     def release(self, request_id: str) -> None:
         """``request_id`` is done: its offset may be committed past."""
-        origin = self._origin.pop(request_id, None)
-        if origin is not None:
-            self.offsets.release(*origin)
+        self.release_all((request_id,))
+
+    def release_all(self, request_ids: Iterable[str]) -> None:
+        """Each of ``request_ids`` is done (a batch's): their offsets may be committed past,
+        each record's once for all its requests here."""
+        origin_of = self._origin
+        done: dict[tuple[TopicPartition, int], int] = {}
+        for rid in request_ids:
+            origin = origin_of.pop(rid, None)
+            if origin is not None:
+                done[origin] = done.get(origin, 0) + 1
+        for origin, n in done.items():
+            self.offsets.release(*origin, n)
             if not self.offsets.holds(*origin):  # a pack's last request
                 self._floor_at.pop(origin, None)
 

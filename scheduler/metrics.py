@@ -126,11 +126,17 @@ class SchedulerMetrics:
 
     def dispatched(self, endpoint: str, entries: Iterable, cost: Callable[[object], float]) -> None:
         """Count an acknowledged batch's requests and cost per (tier, org label)."""
-        sums: dict[tuple[str, str], list[float]] = {}
-        for e in entries:
-            s = sums.setdefault((e.tier, self.org_label(e.org)), [0, 0.0])
-            s[0] += 1
-            s[1] += cost(e)
-        for (tier, org), (n, c) in sums.items():
-            self._dispatched_requests(endpoint, tier, org).inc(n)
-            self._dispatched_cost(endpoint, tier, org).inc(c)
+        self.dispatched_charges(endpoint, [(e.tier, e.org, 1, cost(e)) for e in entries])
+
+    def dispatched_charges(self, endpoint: str,
+                           charges: Iterable[tuple[str, str, int, float]]) -> None:
+        """As :meth:`dispatched`, from what the batch charged: ``(tier, org, requests,
+        cost)``."""
+        sums: dict[tuple[str, str], tuple[int, float]] = {}
+        for tier, org, n, c in charges:
+            key = (tier, self.org_label(org))
+            was_n, was_c = sums.get(key, (0, 0.0))
+            sums[key] = (was_n + n, was_c + c)
+        for (tier, label), (n, c) in sums.items():
+            self._dispatched_requests(endpoint, tier, label).inc(n)
+            self._dispatched_cost(endpoint, tier, label).inc(c)

@@ -88,7 +88,7 @@ from plumbing.state_follower import StateFollower
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from scheduler.core import Scheduler
-from scheduler.dispatch import Dispatcher
+from scheduler.dispatch import Dispatcher, Outgoing
 from scheduler.entry import Entry
 from scheduler.expiry import expire
 from scheduler.fairness_metrics import LiveFairness
@@ -562,10 +562,10 @@ class SchedulerService(Service):
         # One batch at a time: a send awaits, and leadership can go meanwhile
         # (the dispatcher asks may_dispatch before every batch).
         for out in self.dispatcher.batches(now, may=self.may_dispatch, on_expired=self._expired):
-            await self._send_batch(out.endpoint, out.partition, out.batch, out.entries)
+            await self._send_batch(out)
 
-    async def _send_batch(self, endpoint: str, partition: int, batch: Batch,
-                          entries: list[Entry]) -> None:
+    async def _send_batch(self, out: Outgoing) -> None:
+        endpoint, partition, batch, entries = out.endpoint, out.partition, out.batch, out.entries
         try:
             fut = await self._batch_producer.send(self.topics.batches(endpoint),
                                             _batch_codec.encode(batch), key=batch.id.encode(),
@@ -573,10 +573,10 @@ class SchedulerService(Service):
         except KafkaError as e:
             self._batch_failed(endpoint, batch, entries, e)
             return
-        self._track(fut, lambda f: self._batch_acked(endpoint, partition, batch, entries, f))
+        self._track(fut, lambda f: self._batch_acked(out, f))
 
-    def _batch_acked(self, endpoint: str, partition: int, batch: Batch, entries: list[Entry],
-                     fut: asyncio.Future) -> None:
+    def _batch_acked(self, out: Outgoing, fut: asyncio.Future) -> None:
+        endpoint, partition, batch, entries = out.endpoint, out.partition, out.batch, out.entries
         if fut.cancelled() or fut.exception() is not None:
             self._batch_failed(endpoint, batch, entries, fut.exception())
             return
@@ -589,10 +589,10 @@ class SchedulerService(Service):
         m.batch_requests.labels(endpoint).observe(len(entries))
         if ep is not None:
             m.batch_fill.labels(endpoint).observe(batch.tokens / ep.max_batch_tokens)
-        m.dispatched(endpoint, entries, lambda e: self.core.cost(endpoint, e))
+        m.dispatched_charges(endpoint, out.charges)
+        self.intake.release_all([e.id for e in entries])
         wait = m.queue_wait_histogram
         for e in entries:
-            self.intake.release(e.id)
             wait(e.tier).observe(max(0.0, now - e.payload.admitted_ms / 1000))
         self.totals["batches"] += 1
         self.totals["dispatched"] += len(entries)

@@ -45,22 +45,24 @@ class Backlog:
         self._held: dict[str, dict[str, dict[str, list[int]]]] = {}
         self._serial = 0
 
-    def add(self, endpoint: str, tier: str, org: str, tokens: int) -> None:
+    def add(self, endpoint: str, tier: str, org: str, tokens: int, requests: int = 1) -> None:
+        """``requests`` more held of ``org`` (``tokens`` all together)."""
         orgs = self._held.setdefault(endpoint, {}).setdefault(tier, {})
         c = orgs.get(org)
         if c is None:
             self._serial += 1
-            orgs[org] = [1, tokens, self._serial]
+            orgs[org] = [requests, tokens, self._serial]
         else:
-            c[0] += 1
+            c[0] += requests
             c[1] += tokens
 
-    def remove(self, endpoint: str, tier: str, org: str, tokens: int) -> None:
+    def remove(self, endpoint: str, tier: str, org: str, tokens: int, requests: int = 1) -> None:
+        """``requests`` fewer held of ``org`` (``tokens`` all together)."""
         orgs = self._held.get(endpoint, {}).get(tier)
         c = orgs.get(org) if orgs else None
         if orgs is None or c is None:
             return
-        c[0] -= 1
+        c[0] -= requests
         c[1] -= tokens
         if c[0] <= 0:
             del orgs[org]
