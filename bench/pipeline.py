@@ -221,7 +221,8 @@ async def amain(args: argparse.Namespace) -> dict:
                     ("admission", lambda: service_rounds.admission_rounds(
                         kafka, fresh, n, args.tokens, repeat)),
                     ("scheduler", lambda: service_rounds.scheduler_rounds(
-                        kafka, fresh, n, args.tokens, repeat, args.stub_slots)),
+                        kafka, fresh, n, args.tokens, repeat, args.stub_slots,
+                        args.stub_workers)),
                     ("worker", lambda: service_rounds.worker_rounds(
                         kafka, fresh, n, args.tokens, repeat, args.worker_slots))):
                 relay, service = await rounds()
@@ -252,7 +253,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--parts", default="stack,processes,services",
                         help="comma-separated: stack (in one process), processes, services")
     parser.add_argument("--stub-slots", type=int, default=16,
-                        help="batches the scheduler's stub worker takes at once")
+                        help="batches each of the scheduler's stub workers takes at once "
+                             "(the configuration's worker_slots)")
+    parser.add_argument("--stub-workers", type=int, default=4,
+                        help="stub workers the scheduler feeds, one batch partition each "
+                             "(4: every partition of the shipped configuration; 1 was the "
+                             "bench before 2026-12-07)")
     parser.add_argument("--worker-slots", type=int, default=4,
                         help="batches the worker alone takes at once")
     parser.add_argument("--json", type=Path, help="also write the figures here")

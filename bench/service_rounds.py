@@ -14,7 +14,8 @@ costs nothing beyond its I/O).
   relay: each ingress record written to the tier topic as it is.
 - **scheduler**: admitted requests on ``requests.<tier>``, packed as
   admission packs them (one pack per org per step of 100), -> batches on
-  ``batches.embed``, read by a stub worker that reports each batch done the
+  ``batches.embed``, read by a stub fleet (``workers`` of ``slots`` each, the
+  batch partitions dealt among them) that reports each batch done the
   moment it reads it (no model at all); relay: one tier record per request,
   each written to a batch topic as it is (the baseline stays one record per
   request, so the ratio shows what packs gain).
@@ -224,23 +225,32 @@ class _BatchHead(msgspec.Struct):
     id: str
     tokens: int
     requests: list[msgspec.Raw]
+    worker: str = ""
 
 
 class _StubWorker:
-    """Takes batches off every partition of ``batches.embed`` and reports each done at once."""
+    """A fleet of ``workers`` stub workers of ``slots`` each, the batch partitions dealt
+    among them: one consumer takes batches off every partition and reports each done
+    at once, in the name of the worker it was sent to."""
 
-    def __init__(self, kafka: KafkaSettings, config: Config, slots: int):
+    def __init__(self, kafka: KafkaSettings, config: Config, slots: int, workers: int = 1):
         self.kafka, self.topics, self.slots = kafka, Topics.of(config), slots
         self.partitions = config.endpoints["embed"].partitions
+        # One partition at least each: a partition has one owner.
+        self.names = [f"stub-{i}" for i in range(max(1, min(workers, self.partitions)))]
         self.requests = 0
         self.batches = 0
         # Only what it reports back: a stub costs the scheduler's bench as little as it can.
         self._batch = msgspec.msgpack.Decoder(_BatchHead)
         self._event = codec_for(WorkerEvent)
 
-    def _ev(self, kind: str, **fields) -> bytes:
+    def _owned(self, name: str) -> list[int]:
+        i, n = self.names.index(name), len(self.names)
+        return [p for p in range(self.partitions) if p % n == i]
+
+    def _ev(self, kind: str, worker: str, **fields) -> bytes:
         return self._event.encode(WorkerEvent(
-            worker="stub", endpoint="embed", kind=kind, partitions=list(range(self.partitions)),
+            worker=worker, endpoint="embed", kind=kind, partitions=self._owned(worker),
             slots=self.slots, free_slots=self.slots, sent_ms=int(time.time() * 1000), **fields))
 
     async def __aenter__(self):
@@ -251,16 +261,18 @@ class _StubWorker:
         await self.consumer.seek_to_beginning(*tps)
         self.producer = make_producer(self.kafka, linger_ms=0)
         await self.producer.start()
-        await self.producer.send_and_wait(self.topics.worker_events, self._ev("hello"),
-                                          key=b"stub", headers=_MSGPACK)
+        for name in self.names:
+            await self.producer.send_and_wait(self.topics.worker_events, self._ev("hello", name),
+                                              key=name.encode(), headers=_MSGPACK)
         self.tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._beat())]
         return self
 
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(0.2)
-            await self.producer.send(self.topics.worker_events, self._ev("heartbeat"),
-                                     key=b"stub", headers=_MSGPACK)
+            for name in self.names:
+                await self.producer.send(self.topics.worker_events, self._ev("heartbeat", name),
+                                         key=name.encode(), headers=_MSGPACK)
 
     async def _run(self) -> None:
         while True:
@@ -270,12 +282,13 @@ class _StubWorker:
                     batch = self._batch.decode(rec.value)
                     self.requests += len(batch.requests)
                     self.batches += 1
+                    name = batch.worker if batch.worker in self.names else self.names[0]
                     await self.producer.send(
                         self.topics.worker_events,
-                        self._ev("batch_done", batch_id=batch.id,
+                        self._ev("batch_done", name, batch_id=batch.id,
                                  batch_requests=len(batch.requests), batch_tokens=batch.tokens,
                                  service_ms=0.001, held_ms=0.001),
-                        key=b"stub", headers=_MSGPACK)
+                        key=name.encode(), headers=_MSGPACK)
 
     async def __aexit__(self, *exc):
         for t in self.tasks:
@@ -324,8 +337,10 @@ def _single_records(config: Config, n: int, words: int) -> dict[str, list[Record
 
 
 async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
-                           repeat: int, slots: int) -> tuple[list[float], list[float]]:
-    """(relay seconds, scheduler seconds) per round, interleaved; the stub holds ``slots``."""
+                           repeat: int, slots: int,
+                           workers: int = 1) -> tuple[list[float], list[float]]:
+    """(relay seconds, scheduler seconds) per round, interleaved; the stub fleet is
+    ``workers`` workers of ``slots`` each."""
     relay_s, service_s = [], []
 
     def sender(by_tier: dict[str, list[Record]]):
@@ -354,9 +369,10 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
         await service.start()
         task = asyncio.create_task(service.run())
         try:
-            async with _StubWorker(kafka, config, slots) as stub:
+            async with _StubWorker(kafka, config, slots, workers) as stub:
                 async with asyncio.timeout(30):
-                    while not (service.readiness()[0] and service.flow.workers):
+                    while not (service.readiness()[0]
+                               and len(service.flow.workers) >= len(stub.names)):
                         await asyncio.sleep(0.05)
                 t0 = time.perf_counter()
                 await sender(by_tier)()
