@@ -217,21 +217,39 @@ async def amain(args: argparse.Namespace) -> dict:
         if "services" in parts:
             def fresh() -> Config:
                 return bench_config(f"benchs{uuid.uuid4().hex[:6]}.").config
+            fleet = max(1, args.stub_workers)
+            fleets = (fleet,) if fleet == 1 else (fleet, 1)
+
+            async def scheduler() -> tuple[list[float], list[float]]:
+                relay, by_fleet = await service_rounds.scheduler_rounds(
+                    kafka, fresh, n, args.tokens, repeat, args.stub_slots, fleets)
+                if fleet != 1:  # the bench before 387a862 fed one stub worker: shown beside
+                    one = by_fleet[1]
+                    figures.update(scheduler_one_worker_s=one,
+                                   scheduler_one_worker_rps=n / min(one),
+                                   scheduler_one_worker_ratio=min(relay) / min(one))
+                return relay, by_fleet[fleet]
+
             for name, rounds in (
                     ("admission", lambda: service_rounds.admission_rounds(
                         kafka, fresh, n, args.tokens, repeat)),
-                    ("scheduler", lambda: service_rounds.scheduler_rounds(
-                        kafka, fresh, n, args.tokens, repeat, args.stub_slots,
-                        args.stub_workers)),
+                    ("scheduler", scheduler),
                     ("worker", lambda: service_rounds.worker_rounds(
                         kafka, fresh, n, args.tokens, repeat, args.worker_slots))):
                 relay, service = await rounds()
                 figures |= {f"{name}_relay_s": relay, f"{name}_s": service,
                             f"{name}_rps": n / min(service),
                             f"{name}_ratio": min(relay) / min(service)}
+                alone = (f"{name} alone" if name != "scheduler" else
+                         f"scheduler alone, {fleet} stub workers x {args.stub_slots}")
                 lines += [_row(f"raw relay, {name}'s records", relay, n),
-                          _row(f"{name} alone", service, n, "req/s"),
+                          _row(alone, service, n, "req/s"),
                           f"  {name}_ratio: {figures[f'{name}_ratio']:.3f}"]
+                if name == "scheduler" and "scheduler_one_worker_s" in figures:
+                    lines += [_row(f"scheduler alone, 1 stub worker x {args.stub_slots}",
+                                   figures["scheduler_one_worker_s"], n, "req/s"),
+                              "  scheduler_one_worker_ratio: "
+                              + f"{figures['scheduler_one_worker_ratio']:.3f}"]
     print(f"{n:,} requests of {args.tokens} tokens ({figures['message_bytes']:.0f} B as JSON), "
           f"5 orgs; best of {repeat} interleaved rounds; broker "
           f"{'embedded Tansu' if embedded else kafka.bootstrap}")

@@ -337,15 +337,12 @@ def _single_records(config: Config, n: int, words: int) -> dict[str, list[Record
 
 
 async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
-                           repeat: int, slots: int,
-                           workers: int = 1) -> tuple[list[float], list[float]]:
-    """(relay seconds, scheduler seconds) per round, interleaved; the stub fleet is
-    ``workers`` workers of ``slots`` each."""
-    relay_s, service_s = [], []
-
-    def sender(by_tier: dict[str, list[Record]]):
-        return lambda: asyncio.gather(*(_send_all(kafka, t, recs) for t, recs in by_tier.items()))
-
+                           repeat: int, slots: int, fleets: tuple[int, ...] = (1,)
+                           ) -> tuple[list[float], dict[int, list[float]]]:
+    """(relay seconds, {fleet: scheduler seconds}) per round, interleaved: each round the
+    relay, then the scheduler feeding each stub fleet of ``fleet`` workers of ``slots``."""
+    relay_s: list[float] = []
+    service_s: dict[int, list[float]] = {w: [] for w in fleets}
     for _ in range(repeat):
         config = config_for()
         topics = Topics.of(config)
@@ -357,35 +354,46 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
         for relay in relays:
             await relay.__aenter__()
         try:
-            relay_s.append(await _timed(kafka, sender(by_tier), {out_topic: 4}, _requests_in, n))
+            relay_s.append(await _timed(kafka, _sender(kafka, by_tier), {out_topic: 4},
+                                        _requests_in, n))
         finally:
             for relay in relays:
                 await relay.__aexit__()
         await delete_topics(kafka, [out_topic, *topics.all(config)])
-
-        config = config_for()
-        by_tier = _tier_records(config, n, words)
-        service = SchedulerService(config, kafka)
-        await service.start()
-        task = asyncio.create_task(service.run())
-        try:
-            async with _StubWorker(kafka, config, slots, workers) as stub:
-                async with asyncio.timeout(30):
-                    while not (service.readiness()[0]
-                               and len(service.flow.workers) >= len(stub.names)):
-                        await asyncio.sleep(0.05)
-                t0 = time.perf_counter()
-                await sender(by_tier)()
-                async with asyncio.timeout(120):
-                    while stub.requests < n:
-                        await asyncio.sleep(0.002)
-                service_s.append(time.perf_counter() - t0)
-        finally:
-            service.request_stop()
-            await asyncio.wait_for(task, 30)
-            await service.stop()
-        await delete_topics(kafka, list(Topics.of(config).all(config)))
+        for workers in fleets:
+            service_s[workers].append(
+                await _scheduler_round(kafka, config_for(), n, words, slots, workers))
     return relay_s, service_s
+
+
+def _sender(kafka: KafkaSettings, by_tier: dict[str, list[Record]]) -> Callable:
+    return lambda: asyncio.gather(*(_send_all(kafka, t, recs) for t, recs in by_tier.items()))
+
+
+async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: int, slots: int,
+                           workers: int) -> float:
+    """Seconds from the first tier record sent until the stub fleet has read all ``n``."""
+    by_tier = _tier_records(config, n, words)
+    service = SchedulerService(config, kafka)
+    await service.start()
+    task = asyncio.create_task(service.run())
+    try:
+        async with _StubWorker(kafka, config, slots, workers) as stub:
+            async with asyncio.timeout(30):
+                while not (service.readiness()[0]
+                           and len(service.flow.workers) >= len(stub.names)):
+                    await asyncio.sleep(0.05)
+            t0 = time.perf_counter()
+            await _sender(kafka, by_tier)()
+            async with asyncio.timeout(120):
+                while stub.requests < n:
+                    await asyncio.sleep(0.002)
+            return time.perf_counter() - t0
+    finally:
+        service.request_stop()
+        await asyncio.wait_for(task, 30)
+        await service.stop()
+        await delete_topics(kafka, list(Topics.of(config).all(config)))
 
 
 async def _worker_answers(batch: Batch, rcodec) -> list[tuple[str, bytes, bytes, list]]:
