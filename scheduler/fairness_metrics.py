@@ -36,7 +36,7 @@ for ``adaptive``); the definitions are in :mod:`scheduler.fairness`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -123,15 +123,10 @@ class LiveFairness:
         """Before a batch is assembled: who holds work on ``endpoint``."""
         self.watch.held(now, endpoint, backlog.held_serials(endpoint))
 
-    def served(self, now: float, endpoint: str, entries: Iterable,
-               cost: Callable[[object], float], backlog: Backlog) -> None:
-        """Right after a batch was assembled (before any await): what it charged, who waits."""
-        self.charged(now, endpoint, [(e.tier, e.org, cost(e)) for e in entries], backlog)
-
     def charged(self, now: float, endpoint: str, charges: Iterable[tuple[str, str, float]],
                 backlog: Backlog) -> None:
-        """As :meth:`served`, from what the batch charged: ``(tier, org, cost)``, an org
-        once or once per request."""
+        """Right after a batch was assembled (before any await): what it charged,
+        ``(tier, org, cost)`` (an org once or once per request), and who waits."""
         self.watch.served(now, endpoint, charges, backlog.held_serials(endpoint))
 
     def batch_done(self, endpoint: str, seconds: float, *, requests: int = 0, tokens: int = 0,

@@ -11,7 +11,7 @@ backlog of every org goes to the ``scheduler-state`` topic instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -124,14 +124,10 @@ class SchedulerMetrics:
         """``org`` if it is allowlisted, else ``other``: the label set stays bounded."""
         return org if org in self.org_allowlist else self.OTHER_ORG
 
-    def dispatched(self, endpoint: str, entries: Iterable, cost: Callable[[object], float]) -> None:
-        """Count an acknowledged batch's requests and cost per (tier, org label)."""
-        self.dispatched_charges(endpoint, [(e.tier, e.org, 1, cost(e)) for e in entries])
-
     def dispatched_charges(self, endpoint: str,
                            charges: Iterable[tuple[str, str, int, float]]) -> None:
-        """As :meth:`dispatched`, from what the batch charged: ``(tier, org, requests,
-        cost)``."""
+        """Count an acknowledged batch's requests and cost per (tier, org label), from
+        what it charged each org: ``(tier, org, requests, cost)``."""
         sums: dict[tuple[str, str], tuple[int, float]] = {}
         for tier, org, n, c in charges:
             key = (tier, self.org_label(org))

@@ -180,7 +180,8 @@ def test_live_fairness_publishes_bounded_series_and_clears_them():
         b = d.core.next_batch(ENDPOINT, now).batch
         for e in b:
             d.backlog.remove(ENDPOINT, e.tier, e.org, e.tokens)
-        live.served(now, ENDPOINT, b, d.core.lanes[ENDPOINT].cost.cost, d.backlog)
+        cost = d.core.cost_of(ENDPOINT)
+        live.charged(now, ENDPOINT, [(e.tier, e.org, cost(e)) for e in b], d.backlog)
         d.clock.advance(1)
     live.batch_done(ENDPOINT, 0.5)
     live.batch_done(ENDPOINT, 0.0)  # a broken report is ignored

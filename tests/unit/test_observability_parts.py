@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 
 from plumbing.brokerwatch import BrokerWatch
 from plumbing.logs import LogSampler, configure_logging, get_logger
-from scheduler.entry import Entry
 from scheduler.metrics import SchedulerMetrics
 from schemas.build import build_config
 
@@ -133,12 +132,12 @@ def test_org_label_is_the_org_only_when_allowlisted_and_follows_reloads():
 
 
 def test_dispatched_counts_requests_and_cost_per_tier_and_org_label():
-    """An acknowledged batch adds its requests and their cost under (endpoint, tier, org label)."""
+    """An acknowledged batch adds what it charged each org (requests, cost) under (endpoint,
+    tier, org label); orgs sharing a label add up."""
     registry = CollectorRegistry()
     m = SchedulerMetrics(registry, _config(["acme"]))
-    entries = [Entry("a", "acme", "gold", 10), Entry("b", "acme", "gold", 5),
-               Entry("c", "bulk", "free", 7), Entry("d", "zed", "free", 1)]
-    m.dispatched("embed", entries, lambda e: float(e.tokens))
+    m.dispatched_charges("embed", [("gold", "acme", 2, 15.0), ("free", "bulk", 1, 7.0),
+                                   ("free", "zed", 1, 1.0)])
 
     def value(name, **labels):
         return registry.get_sample_value(name, {"endpoint": "embed", **labels})
