@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
                              "(the configuration's worker_slots)")
     parser.add_argument("--stub-workers", type=int, default=4,
                         help="stub workers the scheduler feeds, one batch partition each "
-                             "(4: every partition of the shipped configuration; 1 was the "
-                             "bench before 2026-12-07)")
+                             "(4: every partition of the shipped configuration; 1: one worker, "
+                             "as the bench was before 387a862)")
     parser.add_argument("--worker-slots", type=int, default=4,
                         help="batches the worker alone takes at once")
     parser.add_argument("--json", type=Path, help="also write the figures here")
