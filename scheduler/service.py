@@ -68,6 +68,7 @@ from prometheus_client import CollectorRegistry
 from structlog.contextvars import bound_contextvars
 
 from plumbing.bounded import cancel_within, within
+from plumbing.histogram import observe_all
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -591,9 +592,14 @@ class SchedulerService(Service):
             m.batch_fill.labels(endpoint).observe(batch.tokens / ep.max_batch_tokens)
         m.dispatched_charges(endpoint, out.charges)
         self.intake.release_all([e.id for e in entries])
-        wait = m.queue_wait_histogram
+        waits: dict[str, list[float]] = {}
         for e in entries:
-            wait(e.tier).observe(max(0.0, now - e.payload.admitted_ms / 1000))
+            w = waits.get(e.tier)
+            if w is None:
+                w = waits[e.tier] = []
+            w.append(max(0.0, now - e.payload.admitted_ms / 1000))
+        for tier, w in waits.items():
+            observe_all(m.queue_wait_histogram(tier), w)
         self.totals["batches"] += 1
         self.totals["dispatched"] += len(entries)
         with bound_contextvars(batch_id=batch.id):

@@ -57,6 +57,7 @@ from prometheus_client import CollectorRegistry
 
 from plumbing.bounded import within
 from plumbing.deadletter import send_dead_letter
+from plumbing.histogram import observe_all
 from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
@@ -611,11 +612,15 @@ class WorkerService(Service):
             self._results_counter(status).inc(n)
             self.stats.results[status] += n
         debug = debug_enabled()
+        latencies: dict[str, list[float]] = {}
         for s in written:
             req, status = s.request, s.result.status
             if status == "ok":
                 tier = req.tier if req.tier in self._tiers else "unknown"
-                self._latency(tier).observe(max(0.0, now - req.admitted_ms / 1000))
+                lat = latencies.get(tier)
+                if lat is None:
+                    lat = latencies[tier] = []
+                lat.append(max(0.0, now - req.admitted_ms / 1000))
                 if debug:
                     log.debug("request_served", request_id=req.id, org=req.org, tier=req.tier,
                               tokens=req.tokens, inference_ms=s.result.inference_ms)
@@ -624,6 +629,8 @@ class WorkerService(Service):
             self._sampler.log(log, level, f"request_{status}", now * 1000, request_id=req.id,
                               org=req.org, tier=req.tier, reason=s.result.reason,
                               message=(s.result.message or "")[:300])
+        for tier, lat in latencies.items():
+            observe_all(self._latency(tier), lat)
 
     def _publish(self, done: list[Served]) -> list[Reply]:
         """Queue the records of one micro-batch's results (:mod:`worker.replies`): one
