@@ -17,7 +17,6 @@ Pure and tiny, so the scheduler service, the simulator and the tests can share i
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from scheduler.entry import Entry
@@ -32,6 +31,10 @@ def run_order(batch: Sequence[Entry], tier_names: Sequence[str]) -> list[Entry]:
     """
     rank = {name: i for i, name in enumerate(tier_names)}
     last = len(rank)
-    count = Counter(e.org for e in batch)
-    position = {id(e): i for i, e in enumerate(batch)}
-    return sorted(batch, key=lambda e: (rank.get(e.tier, last), count[e.org], position[id(e)]))
+    count: dict[str, int] = {}
+    for e in batch:
+        count[e.org] = count.get(e.org, 0) + 1
+    # Keys end in the position, unique: the sort never compares entries.
+    keys = [(rank.get(e.tier, last), count[e.org], i) for i, e in enumerate(batch)]
+    keys.sort()
+    return [batch[k[2]] for k in keys]

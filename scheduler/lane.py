@@ -129,6 +129,8 @@ class _LaneBase:
             self._account(e, -1)
             tokens += e.tokens
             batch.append(e)
+            if not fresh:
+                tokens = self._take_run(pick, batch, tokens)
         if self._deadlines and not self.held:
             self._deadlines.clear()  # only dead entries are left
         return Dispatch(batch, expired)
@@ -193,6 +195,14 @@ class _LaneBase:
     def _discard(self, e: Entry) -> None:
         raise NotImplementedError
 
+    def _take_run(self, pick: Pick, batch: list[Entry], tokens: int) -> int:
+        """After ``pick`` was taken into ``batch``: take what the policy would pick next
+        without asking it again, while that is certain; returns the batch's tokens.
+
+        A shortcut only: :meth:`next_batch` picks the rest one by one, the same way.
+        """
+        return tokens
+
     def _entries(self) -> Iterable[Entry]:
         raise NotImplementedError
 
@@ -252,6 +262,47 @@ class Lane(_LaneBase):
                 self.credit[j] = 0.0
         if self.min_share[i] > 0:
             self.credit[i] = max(0.0, self.credit[i] - c)
+
+    def _take_run(self, pick: Pick, batch: list[Entry], tokens: int) -> int:
+        # The org just served keeps the turn while its deficit covers its next
+        # request, and its tier stays the highest with work (nothing is pushed
+        # during a batch): its next request is what _peek returns, as long as no
+        # min_share tier with work has credit (then _peek asks that tier first,
+        # and may pick from it). That is checked before each request, without
+        # peeking; the moment it fails, _peek picks again one by one. (A pick that
+        # came by credit, past a higher tier with work, leaves its tier with
+        # credit, at least min_share x its cost: checked, and left to _peek.)
+        _, i, q, _ = pick
+        tiers = self.tiers
+        cost = self.cost.cost
+        credit, shared = self.credit, self._shared
+        ep = self.endpoint
+        most, most_tokens = ep.max_batch_size, ep.max_batch_tokens
+        tier = tiers[i]
+        held_tokens, held_count, lowest = self.held_tokens, self.held_count, self.tier_names[-1]
+        while q.live and len(batch) < most:
+            for j in shared:
+                if credit[j] > 0 and tiers[j].live:
+                    return tokens
+            e = q.top()
+            if e is None:
+                break
+            c = cost(e)
+            if c > q.deficit or tokens + e.tokens > most_tokens:
+                break
+            if shared:
+                self._take((e, i, q, c))
+            else:
+                tier.take(q, e, c)  # all _take does without min_share tiers
+            e.state = DISPATCHED
+            # _account(e, -1), inline: this loop is most of a batch's selection
+            t = e.tier if e.tier in held_count else lowest
+            self.held -= 1
+            held_tokens[t] -= e.tokens
+            held_count[t] -= 1
+            tokens += e.tokens
+            batch.append(e)
+        return tokens
 
     def _discard(self, e: Entry) -> None:
         i = self.index.get(e.tier, len(self.tiers) - 1)
