@@ -130,6 +130,12 @@ class SchedulerSettings(ServiceSettings, frozen=True):
         "worker runs next (scheduler/dispatch.py): a quiet org waits for the model call "
         "in progress, not for the batch queued behind it. DRR only; one per worker at a "
         "time.")] = True
+    express_fill: Annotated[float, doc(
+        "An express batch is topped up in DRR order, behind its fresh requests, to this "
+        "share of the endpoint's max_batch_tokens: a model call costs its fixed time "
+        "however little it carries. 0 sends the fresh requests alone (a quiet org's "
+        "call shortest; under long load the busiest org's p99 about 1.5x that with "
+        "express batches off, docs/load.md).", ge=0.0, le=1.0)] = 0.5
     leader_silence_ms: Annotated[int, doc(
         "A standby takes over after reading nothing from the leader for this long (the "
         "leader beats every fifth of it and dispatches only within 0.7 of it after a "

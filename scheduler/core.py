@@ -75,16 +75,17 @@ class Scheduler:
         return e
 
     def next_batch(self, endpoint: str, now: float, *, in_run_order: bool = False,
-                   fresh: bool = False) -> Dispatch:
+                   fresh: bool = False, fill: float = 0.0) -> Dispatch:
         """Expire what is due on ``endpoint``, then take its next batch (maybe empty).
 
         ``in_run_order``: the batch in the order to run it
         (:func:`scheduler.batch_order.run_order`; FIFO keeps arrival order),
         else in the order the lane chose it. ``fresh``: an express batch, one
         request of each org that came in with nothing held and was not served
-        since (:meth:`has_fresh`).
+        since (:meth:`has_fresh`), then topped up in DRR order to ``fill`` x
+        the endpoint's ``max_batch_tokens`` (0: nothing more).
         """
-        d = self.lanes[endpoint].next_batch(now, fresh=fresh)
+        d = self.lanes[endpoint].next_batch(now, fresh=fresh, fill=fill)
         self._forget(d.batch)
         self._forget(d.expired)
         if in_run_order and self.policy != "fifo" and d.batch:

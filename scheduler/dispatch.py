@@ -55,6 +55,9 @@ class Dispatcher:
     watch: Any = None
     #: Send an express batch (:meth:`batches`) when an org with nothing held comes in.
     express: bool = True
+    #: Top an express batch up in DRR order to this share of the endpoint's
+    #: ``max_batch_tokens`` once the fresh orgs' requests are in it (0: nothing more).
+    express_fill: float = 0.5
     epoch: int = field(default=0, init=False)
     _seq: int = field(default=0, init=False)
     #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.
@@ -76,7 +79,11 @@ class Dispatcher:
         the org's DRR deficit (ahead of its turn, not beyond its share) and
         it counts against the worker's credit like any batch; at most one
         per worker until the worker returns its credit (as it starts it),
-        within its ``slots`` (:meth:`FlowControl.claim`).
+        within its ``slots`` (:meth:`FlowControl.claim`). Behind the fresh
+        requests it is topped up in DRR order to ``express_fill`` of a full
+        batch's tokens: a model call costs its fixed time however little it
+        carries, and the worker runs the fresh requests in a call of their own
+        first (:func:`worker.microbatch.plan_with_head`), the top-up after.
         """
         for endpoint in self.core.endpoints:
             while self.core.held_in(endpoint) > 0 and may():
@@ -89,7 +96,8 @@ class Dispatcher:
                     break
                 if self.watch is not None:
                     self.watch.held(now, endpoint, self.backlog)
-                d = self.core.next_batch(endpoint, now, in_run_order=True, fresh=express)
+                d = self.core.next_batch(endpoint, now, in_run_order=True, fresh=express,
+                                         fill=self.express_fill if express else 0.0)
                 if d.expired:
                     on_expired(d.expired)
                 if not d.batch:

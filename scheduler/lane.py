@@ -106,23 +106,35 @@ class _LaneBase:
         self._account(e, -1)
         self._discard(e)
 
-    def next_batch(self, now: float, *, fresh: bool = False) -> Dispatch:
+    def next_batch(self, now: float, *, fresh: bool = False, fill: float = 0.0) -> Dispatch:
         """Expire what is due, then assemble the next batch within the endpoint's budgets.
 
         ``fresh``: an express batch, one request of each fresh org
-        (:meth:`scheduler.drr.DrrTier.peek_fresh`) of the highest tier with work.
+        (:meth:`scheduler.drr.DrrTier.peek_fresh`) of the highest tier with work,
+        then topped up in the lane's usual order to ``fill`` x ``max_batch_tokens``
+        at most (0: nothing more). Whatever an express batch carries, its model call
+        costs the call's fixed time: a few requests alone waste it.
         """
         expired = self.expire(now)
         ep = self.endpoint
         batch: list[Entry] = []
         tokens = 0
         peek = self._peek_fresh if fresh else self._peek
+        # Topping up an express batch (one with a fresh request at least): the tokens
+        # it may reach, once no fresh org is left.
+        top_up = fill * ep.max_batch_tokens if fresh else 0.0
+        topping = False
         while len(batch) < ep.max_batch_size:
             pick = peek()
+            if pick is None and batch and top_up > tokens and not topping:
+                peek, topping = self._peek, True
+                pick = peek()
             if pick is None:
                 break
             e: Entry = pick[0]
             if batch and tokens + e.tokens > ep.max_batch_tokens:
+                break
+            if topping and tokens + e.tokens > top_up:
                 break
             self._take(pick)
             e.state = DISPATCHED

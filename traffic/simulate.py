@@ -30,8 +30,12 @@ The model (discrete events, no wall clock anywhere):
   it looks again at that moment), beyond the slots; it runs after the model
   call in progress (the whole batch uncalibrated, one micro-batch with
   ``--calibrate``) and the calls queued behind that move back by its time.
-  It is not a share-out among backlogged orgs, so the Jain accounting below
-  leaves it out.
+  Behind its fresh requests it is topped up in DRR order to
+  ``SimSettings.express_fill`` of a full batch's tokens, as live
+  (``SF_SCHEDULER_EXPRESS_FILL``); uncalibrated, the whole of it is one call
+  (the live worker runs the fresh requests in a call of their own first, so
+  here their wait is longer by the top-up's time). It is not a share-out
+  among backlogged orgs, so the Jain accounting below leaves it out.
 * **Service time** of a batch: ``overhead_ms + ms_per_token x batch
   tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
   4,096-token batch in 1.15 s), resemble all-MiniLM-L6-v2 on a few CPU
@@ -188,6 +192,9 @@ class SimSettings:
     #: it is heard to have started, run after the model call in progress and
     #: ahead of those queued (the module's docstring has the details).
     express: bool = True
+    #: The share of a full batch's tokens an express batch is topped up to
+    #: (``SF_SCHEDULER_EXPRESS_FILL``, the same default).
+    express_fill: float = 0.5
 
 
 @dataclass
@@ -363,6 +370,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     s = settings or SimSettings()
     if s.workers < 1 or s.slots < 1:
         raise ValueError("workers and slots must be at least 1")
+    if not 0.0 <= s.express_fill <= 1.0:
+        raise ValueError(f"express_fill must be within 0 and 1, not {s.express_fill}")
     sched = Scheduler(config, s.policy)
     pools = {ep: [_Worker(f"{ep}-w{i}") for i in range(s.workers)] for ep in config.endpoints}
     outcomes: list[Outcome] = []
@@ -476,7 +485,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                     if not (s.express and spare and sched.has_fresh(ep)):
                         break
                     w, express = min(spare, key=lambda x: x.free_at), True
-                d = sched.next_batch(ep, now, in_run_order=True, fresh=express)
+                d = sched.next_batch(ep, now, in_run_order=True, fresh=express,
+                                     fill=s.express_fill if express else 0.0)
                 expired(ep, d.expired, now)
                 if not d.batch:
                     if express:
@@ -588,6 +598,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                           for ep, e in config.endpoints.items() if ep in used},
         "admission": "off" if s.admission is None else type(s.admission).__name__,
         "express": s.express,
+        "express_fill": s.express_fill,
     }
     return SimResult(outcomes, samples, list(groups.values()), meta)
 
@@ -661,6 +672,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-express", dest="express", action="store_false",
                         help="leave out the live scheduler's express batches (as "
                              "SF_SCHEDULER_EXPRESS_BATCHES=false does live)")
+    parser.add_argument("--express-fill", type=float, default=SimSettings.express_fill,
+                        metavar="SHARE",
+                        help="top an express batch up to this share of a full batch's "
+                             "tokens, as SF_SCHEDULER_EXPRESS_FILL does live (default "
+                             "%(default)s; 0: the fresh requests alone)")
     parser.add_argument("--json", metavar="OUT", help="write the summary as JSON")
     parser.add_argument("--report", metavar="DIR", help="write the full report (tables, plots)")
     cal = parser.add_argument_group("calibration (traffic/calibrate.py)")
@@ -712,6 +728,10 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.slots < 1:
         print("error: --workers and --slots must be at least 1", file=sys.stderr)
         return 2
+    if not 0.0 <= args.express_fill <= 1.0:
+        print(f"error: --express-fill must be within 0 and 1, not {args.express_fill}",
+              file=sys.stderr)
+        return 2
     policies = [args.policy] + ([{"drr": "fifo", "fifo": "drr"}[args.policy]]
                                 if args.compare_policy else [])
     summaries: dict[str, dict[str, Any]] = {}
@@ -726,7 +746,8 @@ def run(args: argparse.Namespace) -> int:
         settings = SimSettings(policy=policy, workers=args.workers, slots=args.slots,
                                service=service, sample_interval_s=args.sample_ms / 1000.0,
                                admission=PipelineAdmission(config) if args.admission else None,
-                               pipeline=pipeline, express=args.express)
+                               pipeline=pipeline, express=args.express,
+                               express_fill=args.express_fill)
         result = simulate(config, records, settings)
         result.meta.update(trace=Path(args.trace).name, config=Path(args.config).name)
         if calibration is not None:

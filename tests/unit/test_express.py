@@ -159,7 +159,31 @@ def test_a_quiet_org_under_a_burst_goes_out_alone_in_an_express_batch():
                              released=[express_id]), 1100)
     again = _dispatch(disp, 1.1)
     assert len(again) == 1 and again[0].batch.express
-    assert [e.id for e in again[0].entries] == ["r50"]
+    # The fresh org's request, then topped up in DRR order to half a full batch's
+    # tokens (express_fill 0.5: 4 of 8; the first one's two fresh requests were 4).
+    assert [e.id for e in again[0].entries] == ["r50", "r21"]
+
+
+def test_an_express_batch_is_topped_up_in_drr_order_to_its_fill_and_no_further():
+    def express(fill: float) -> list[str]:
+        core = Scheduler(CONFIG)
+        for i in range(6):
+            core.push("embed", _entry(i, "bulk"))
+        assert len(core.next_batch("embed", 1.0).batch) == 4   # bulk is served: not fresh
+        core.push("embed", _entry(20, "quiet"))
+        return [e.id for e in core.next_batch("embed", 1.0, fresh=True, fill=fill).batch]
+
+    assert express(0.0) == ["r20"]                       # the fresh request alone
+    assert express(0.5) == ["r20", "r4"]                 # to 4 of 8 tokens
+    assert express(0.6) == ["r20", "r4"]                 # 6 would pass 4.8: not taken
+    assert express(1.0) == ["r20", "r4", "r5"]           # to the full batch, what is held
+    # Nothing fresh: no express batch, whatever the fill (never a regular batch in disguise).
+    core = Scheduler(CONFIG)
+    for i in range(6):
+        core.push("embed", _entry(i, "bulk"))
+    core.next_batch("embed", 1.0)
+    assert core.next_batch("embed", 1.0, fresh=True, fill=1.0).batch == []
+    assert core.held == 2
 
 
 def test_no_express_batch_while_the_credit_has_room_or_when_switched_off_or_fifo():
