@@ -133,9 +133,11 @@ class SchedulerSettings(ServiceSettings, frozen=True):
     express_fill: Annotated[float, doc(
         "An express batch is topped up in DRR order, behind its fresh requests, to this "
         "share of the endpoint's max_batch_tokens: a model call costs its fixed time "
-        "however little it carries. 0 sends the fresh requests alone (a quiet org's "
-        "call shortest; under long load the busiest org's p99 about 1.5x that with "
-        "express batches off, docs/load.md).", ge=0.0, le=1.0)] = 0.5
+        "however little it carries, and the requests DRR would send next ride along. "
+        "Higher serves the busiest orgs of a long load sooner and makes a quiet org "
+        "under a burst wait longer for the next express batch; 0 sends the fresh "
+        "requests alone (docs/load.md, 'Express batches topped up').",
+        ge=0.0, le=1.0)] = 0.25
     leader_silence_ms: Annotated[int, doc(
         "A standby takes over after reading nothing from the leader for this long (the "
         "leader beats every fifth of it and dispatches only within 0.7 of it after a "

@@ -57,7 +57,7 @@ class Dispatcher:
     express: bool = True
     #: Top an express batch up in DRR order to this share of the endpoint's
     #: ``max_batch_tokens`` once the fresh orgs' requests are in it (0: nothing more).
-    express_fill: float = 0.5
+    express_fill: float = 0.25
     epoch: int = field(default=0, init=False)
     _seq: int = field(default=0, init=False)
     #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.

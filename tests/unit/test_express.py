@@ -115,13 +115,14 @@ def test_every_request_leaves_the_ring_once_whatever_mix_of_turns_and_express_ta
 # -- the dispatcher ------------------------------------------------------------
 
 
-def _setup(policy="drr", express=True):
+def _setup(policy="drr", express=True, express_fill=0.5):
     core = Scheduler(CONFIG, policy)
     flow = FlowControl(10_000, mode="credit", full_batch_tokens={"embed": 8})
     backlog = Backlog()
     flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0, 1],
                              slots=4, free_slots=4, sent_ms=1000), 1000)
-    return core, flow, backlog, Dispatcher(core, flow, backlog, instance="s1", express=express)
+    return core, flow, backlog, Dispatcher(core, flow, backlog, instance="s1", express=express,
+                                           express_fill=express_fill)
 
 
 def _hold(core, backlog, entries):
