@@ -126,8 +126,9 @@ class SchedulerSettings(ServiceSettings, frozen=True):
         "worker has credit.", ge=0)] = 0
     express_batches: Annotated[bool, doc(
         "When the workers' credit is spent and an org that came in with nothing held "
-        "waits, send one batch beyond it of one request of each such org, which the "
-        "worker runs next (scheduler/dispatch.py): a quiet org waits for the model call "
+        "waits, send one batch beyond it of one request of each such org (topped up: "
+        "express_fill), whose first call the worker runs next (scheduler/dispatch.py): "
+        "a quiet org waits for the model call "
         "in progress, not for the batch queued behind it. DRR only; one per worker at a "
         "time.")] = True
     express_fill: Annotated[float, doc(
