@@ -290,8 +290,6 @@ class Lane(_LaneBase):
         credit, shared = self.credit, self._shared
         ep = self.endpoint
         most, most_tokens = ep.max_batch_size, ep.max_batch_tokens
-        tier = tiers[i]
-        held_tokens, held_count, lowest = self.held_tokens, self.held_count, self.tier_names[-1]
         while q.live and len(batch) < most:
             for j in shared:
                 if credit[j] > 0 and tiers[j].live:
@@ -302,16 +300,9 @@ class Lane(_LaneBase):
             c = cost(e)
             if c > q.deficit or tokens + e.tokens > most_tokens:
                 break
-            if shared:
-                self._take((e, i, q, c))
-            else:
-                tier.take(q, e, c)  # all _take does without min_share tiers
+            self._take((e, i, q, c))
             e.state = DISPATCHED
-            # _account(e, -1), inline: this loop is most of a batch's selection
-            t = e.tier if e.tier in held_count else lowest
-            self.held -= 1
-            held_tokens[t] -= e.tokens
-            held_count[t] -= 1
+            self._account(e, -1)
             tokens += e.tokens
             batch.append(e)
         return tokens
