@@ -405,3 +405,18 @@ def test_the_scheduler_takes_the_express_calls_share_from_the_rate_it_publishes(
     # Full batches at 2,500 tokens/s; the express call took 0.1 s of the 0.5 s
     # since b1: a share of 0.2, into an EMA (alpha 0.2) that b1 started at 0.
     assert svc.rates.total(["w"]) == pytest.approx(2500 * (1 - 0.2 * 0.2))
+
+
+def test_the_dispatcher_and_the_simulator_default_to_the_service_settings():
+    """The same default in three places (the pure core cannot import the settings):
+    the simulator's "as live" holds only while they agree."""
+    import msgspec
+
+    from plumbing.service_settings import SchedulerSettings
+    from traffic.simulate import SimSettings
+
+    live = {f.name: f.default for f in msgspec.structs.fields(SchedulerSettings)}
+    disp = Dispatcher(Scheduler(CONFIG), FlowControl(10_000), Backlog(), instance="s")
+    assert (disp.express, disp.express_fill) == (live["express_batches"], live["express_fill"])
+    sim = SimSettings()
+    assert (sim.express, sim.express_fill) == (live["express_batches"], live["express_fill"])
