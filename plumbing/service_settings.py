@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
+
 from plumbing.settings import ServiceSettings, doc
 from schemas.config import Policy
 
@@ -176,6 +178,11 @@ class WorkerSettings(ServiceSettings, frozen=True, kw_only=True):
         "Micro-batch budget in padded tokens (texts x longest text): bounds memory and "
         "keeps the first results early.", ge=1)] = 4096
     microbatch_size: Annotated[int, doc("Texts per micro-batch at most.", ge=1)] = 32
+    microbatch_call_tokens: Annotated[Annotated[float, msgspec.Meta(ge=0)] | None, doc(
+        "What one model call's fixed cost is worth in padded tokens: a batch is cut into "
+        "micro-batches where one call more costs less than the padding it saves. Unset: "
+        "learned from the worker's own calls (worker/call_cost.py); 0: each call filled to "
+        "microbatch_tokens in turn, as before 2026-12-07.")] = None
     revoke_wait_s: Annotated[float, doc(
         "How long a rebalance waits for batches in hand on revoked partitions, so they "
         "commit here rather than run again elsewhere.", ge=0)] = 5.0

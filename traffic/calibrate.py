@@ -21,9 +21,12 @@ what they would have said (see below).
 The model, per endpoint
 -----------------------
 
-* **Worker.** A batch runs in micro-batches, cut as the worker cuts them
-  (:func:`worker.microbatch.plan_microbatches`, in the scheduler's run order,
-  :func:`scheduler.batch_order.run_order`). Micro-batch j takes
+* **Worker.** A batch runs in micro-batches, cut as the worker cut them
+  before 2026-12-07 (:func:`worker.microbatch.plan_microbatches`, in the
+  scheduler's run order, :func:`scheduler.batch_order.run_order`, each call
+  filled to its budget; a worker since cuts where a call more costs less than
+  the padding it saves, ``worker/call_cost.py``, which pads less: the model
+  here is the older, costlier cut, not yet the new one). Micro-batch j takes
   ``micro_overhead_ms + ms_per_padded_token x padded_j`` (padded: its texts
   times its longest one), with ``micro_gap_ms`` between two (publishing the
   first's results); the batch as a whole adds ``batch_overhead_ms`` before

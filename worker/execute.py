@@ -67,6 +67,7 @@ import numpy as np
 
 from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, Result, Status
 from worker.calibration import CALIBRATION_TEXTS, RangeCache
+from worker.call_cost import CallCost
 from worker.credit_return import release_step
 from worker.interface import DEFAULT_OPTIONS, Embedder, EncodeOptions, Reranker
 from worker.microbatch import padded_tokens, plan_microbatches, plan_with_head
@@ -179,7 +180,7 @@ class BatchExecutor:
 
     def __init__(self, model: Embedder | Reranker, kind: str, *, worker: str,
                  max_padded_tokens: int = 4096, max_size: int = 32,
-                 window: int | None = None,
+                 window: int | None = None, call_tokens: float | None = None,
                  model_thread: ModelThread | None = None, inline: bool | None = None,
                  on_microbatch: Callable[[MicrobatchStats], None] | None = None,
                  on_release: Callable[[Batch, float | None], None] | None = None,
@@ -192,6 +193,11 @@ class BatchExecutor:
         self.max_padded_tokens = max_padded_tokens
         self.max_size = max_size
         self.window = window
+        #: What a call's fixed cost is worth in padded tokens, where the planner
+        #: cuts a batch (:func:`worker.microbatch.plan_microbatches`): fixed, or
+        #: (None) learned from the calls made (:class:`worker.call_cost.CallCost`).
+        self.fixed_call_tokens = call_tokens
+        self.call_cost = CallCost(limit=max_padded_tokens)
         # A model that declares itself instant (a fake at zero time), or an
         # executor told ``inline``, calls it on the event loop: a thread hop
         # would cost more than the call.
@@ -354,7 +360,7 @@ class BatchExecutor:
                               max_padded_tokens=self.max_padded_tokens,
                               max_size=self.max_size,
                               max_seq_length=model.max_seq_length, window=self.window,
-                              express=batch.express)
+                              express=batch.express, call_tokens=self.call_tokens())
 
         def group(n: int) -> list[int]:
             # Texts of a request that already failed are not worth computing.
@@ -558,11 +564,18 @@ class BatchExecutor:
         for c, k in zip(capped, idx, strict=True):
             pending[owner[k][0]].seconds += seconds * c / total
         padded = _call_padded(capped)
+        self.call_cost.observe(padded, seconds)
         if padded > 0 and seconds >= 0 and self._sizeable(len(idx), padded):
             self.seconds_per_padded_token = _ema(self.seconds_per_padded_token, seconds / padded)
         elif padded > 0 and seconds >= 0:
             self.seconds_per_small_call = _ema(self.seconds_per_small_call, seconds)
         self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
+
+    def call_tokens(self) -> float:
+        """What the planner is told a call's fixed cost is worth (padded tokens)."""
+        if self.fixed_call_tokens is not None:
+            return self.fixed_call_tokens
+        return self.call_cost.call_tokens()
 
     def _sizeable(self, texts: int, padded: int) -> bool:
         """A call big enough for its time to go with its padded tokens (not its fixed cost)."""
@@ -635,7 +648,8 @@ class BatchExecutor:
                         return self._too_long(req, batch, f"input.documents[{i}]", n, limit,
                                               started_ms)
             plan = plan_microbatches(lengths, max_padded_tokens=self.max_padded_tokens,
-                                     max_size=self.max_size, max_seq_length=limit)
+                                     max_size=self.max_size, max_seq_length=limit,
+                                     call_tokens=self.call_tokens())
             scores: list[float] = [0.0] * len(documents)
             truncated = [False] * len(documents)
             step = model.score_groups(inp.query, documents, plan, lengths=lengths, **extra)
@@ -649,7 +663,9 @@ class BatchExecutor:
                     break
                 indices, out = item
                 capped = [min(lengths[i], limit) for i in indices]
-                self._on_microbatch(MicrobatchStats(seconds, sum(capped), _call_padded(capped)))
+                padded = _call_padded(capped)
+                self.call_cost.observe(padded, seconds)
+                self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
                 for row, i in enumerate(indices):
                     scores[i] = float(out.scores[row])
                     truncated[i] = bool(out.truncated[row])

@@ -58,6 +58,7 @@ The minority head (:func:`plan_with_head`)
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
@@ -89,6 +90,7 @@ def plan_microbatches(
     order: MicrobatchOrder = "sorted",
     max_seq_length: int | None = None,
     window: int | None = None,
+    call_tokens: float = 0.0,
 ) -> list[list[int]]:
     """Cut a batch into micro-batches of indices into ``lengths``, in run order.
 
@@ -100,7 +102,14 @@ def plan_microbatches(
     ``order`` and ``window`` choose between least padding and keeping the
     scheduler's order; the module docstring explains the trade-off. ``window``
     (requests per window, only with ``order="given"``) defaults to ``max_size``.
+
+    ``call_tokens``: what one call's fixed cost is worth in padded tokens
+    (:class:`worker.call_cost.CallCost`). Above 0 the ordered texts are cut
+    where the calls cost least in all, ``calls * call_tokens + padded tokens``
+    (:func:`_cheapest_cut`); 0 fills each call to its budget in turn (greedy).
     """
+    if not call_tokens >= 0:  # NaN too
+        raise ValueError(f"call_tokens must be >= 0, got {call_tokens}")
     if max_padded_tokens < 1:
         raise ValueError(f"max_padded_tokens must be >= 1, got {max_padded_tokens}")
     if max_size < 1:
@@ -130,6 +139,9 @@ def plan_microbatches(
             chunk.reverse()
         stream.extend(chunk)
 
+    if call_tokens > 0:
+        return [sorted(g, key=by_cost) for g in
+                _cheapest_cut(stream, costs, call_tokens, max_padded_tokens, max_size)]
     groups: list[list[int]] = []
     current: list[int] = []
     current_max = 0
@@ -144,6 +156,39 @@ def plan_microbatches(
         current_max = widest
     if current:
         groups.append(sorted(current, key=by_cost))
+    return groups
+
+
+def _cheapest_cut(stream: Sequence[int], costs: Sequence[int], call_tokens: float,
+                  max_padded_tokens: int, max_size: int) -> list[list[int]]:
+    """``stream`` cut into consecutive groups of least ``len(groups) * call_tokens +
+    sum(len(g) * max cost in g)``, each within ``max_size`` and the padded budget
+    (a text over the budget alone in its group).
+
+    Dynamic programming over the cut points, O(len(stream) * max_size): the
+    cheapest cut of the first ``j`` texts is the cheapest cut of the first
+    ``i`` plus one group of texts ``i..j-1``, over every ``i`` a group allows.
+    Ties go to the larger last group (fewer calls).
+    """
+    n = len(stream)
+    best = [0.0] + [math.inf] * n
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        widest = 0
+        for i in range(j - 1, max(-1, j - 1 - max_size), -1):
+            widest = max(widest, costs[stream[i]])
+            size = j - i
+            if size > 1 and size * widest > max_padded_tokens:
+                break  # a longer group only widens: none fits
+            total = best[i] + call_tokens + size * widest
+            if total <= best[j]:
+                best[j], start[j] = total, i
+    groups: list[list[int]] = []
+    j = n
+    while j > 0:
+        groups.append(list(stream[start[j]:j]))
+        j = start[j]
+    groups.reverse()
     return groups
 
 
@@ -171,6 +216,7 @@ def plan_with_head(
     max_seq_length: int | None = None,
     window: int | None = None,
     express: bool = False,
+    call_tokens: float = 0.0,
 ) -> list[list[int]]:
     """:func:`plan_microbatches` in ``"given"`` order, with the minority head run on its own.
 
@@ -180,12 +226,13 @@ def plan_with_head(
     rest still needs ``HEAD_MIN_REST_CALLS`` micro-batches or more; otherwise this is
     :func:`plan_microbatches` of the whole. ``express`` (an express batch,
     :mod:`scheduler.dispatch`): the texts ahead of the first text of the key
-    with the most texts, whatever the rest needs. Every index appears exactly once.
+    with the most texts, whatever the rest needs. ``call_tokens``: as for
+    :func:`plan_microbatches`. Every index appears exactly once.
     """
     if len(keys) != len(lengths):
         raise ValueError(f"{len(keys)} keys for {len(lengths)} lengths")
     kw: dict[str, Any] = {"max_padded_tokens": max_padded_tokens, "max_size": max_size, "order": "given",
-          "max_seq_length": max_seq_length, "window": window}
+          "max_seq_length": max_seq_length, "window": window, "call_tokens": call_tokens}
     if express:
         bulk = max(Counter(keys).values(), default=1)
         head = minority_head(keys, bulk=bulk) if bulk > 1 else 0

@@ -249,6 +249,7 @@ class WorkerService(Service):
         self.executor = BatchExecutor(
             self.model, self.kind, worker=self.worker_id,
             max_padded_tokens=s.microbatch_tokens, max_size=s.microbatch_size,
+            call_tokens=s.microbatch_call_tokens,
             on_microbatch=self._microbatch_done, model_thread=run_in_thread,
             on_release=self._release)
         created = await ensure_topics(self.kafka, self.topics.all(self.config))

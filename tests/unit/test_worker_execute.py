@@ -365,3 +365,47 @@ async def test_the_credit_is_due_at_the_first_call_the_lead_covers_the_rest_of()
     calls.clear()
     await collect(ex, batch([req(i, four_words) for i in range(8)]))  # no round trip known
     assert told == [(1, pytest.approx(16))]  # as call 1 starts: its own 16
+
+
+async def test_a_batch_is_cut_where_a_call_more_costs_less_than_its_padding():
+    """Three texts of 1 word and one of 30 (fake tokens: a word each): filled, one call pads
+    to 4 x 30; told a call is worth 10 tokens (or having learned it), the long text runs
+    alone. The calls' padded tokens also teach the executor what a call is worth."""
+    sizes: list[list[int]] = []
+
+    class Counting(FakeEmbedder):
+        def encode(self, texts, **kwargs):
+            sizes.append(sorted(len(t.split()) for t in texts))
+            return super().encode(texts, **kwargs)
+
+    texts = [["a"], ["b"], ["c"], ["w " * 30]]
+
+    async def calls(ex):
+        sizes.clear()
+        await collect(ex, batch([req(i, t) for i, t in enumerate(texts)]))
+        return sorted(sizes)
+
+    kw = {"worker": "w", "max_padded_tokens": 4096, "max_size": 8, "inline": True}
+    assert await calls(BatchExecutor(Counting(), "embed", **kw, call_tokens=0)) == [
+        [1, 1, 1, 30]]
+    assert await calls(BatchExecutor(Counting(), "embed", **kw, call_tokens=10)) == [
+        [1, 1, 1], [30]]
+    assert await calls(BatchExecutor(Counting(), "embed", **kw)) == [
+        [1, 1, 1, 30]]  # nothing learned yet: filled
+    learned = BatchExecutor(Counting(), "embed", **kw)
+    for padded in (40, 400, 1000, 120, 3000, 60, 800, 2000):  # 1 ms + 0.1 ms a token
+        learned.call_cost.observe(padded, 0.001 + 0.0001 * padded)
+    assert learned.call_tokens() == pytest.approx(10, rel=0.01)
+    assert await calls(learned) == [[1, 1, 1], [30]]
+
+
+async def test_the_calls_made_teach_the_executor_what_a_call_is_worth():
+    """Calls of 1 ms + 0.05 ms a padded token (a call worth 20 tokens), of several sizes:
+    once measured, the executor has a fit with a fixed cost and a token cost."""
+    ex = BatchExecutor(FakeEmbedder(ms_per_batch=1, ms_per_token=0.05), "embed", worker="w",
+                       max_padded_tokens=400, max_size=8, inline=True, call_tokens=0)
+    assert ex.call_cost.fit() is None
+    for words in (2, 10, 40, 5, 25, 60, 3, 15):
+        await collect(ex, batch([req(i, ["w " * words]) for i in range(4)]))
+    assert ex.call_cost.fit() is not None
+    assert 0 < ex.call_cost.call_tokens() < 400
