@@ -26,10 +26,16 @@ capacity for this trace's token mix, as the worker runs it: requests/s it
 serves in full batches (``max_batch_size`` requests or ``max_batch_tokens``,
 whichever comes first) cut into the worker's micro-batches
 (:func:`worker.microbatch.plan_microbatches`, 32 texts / 4,096 padded
-tokens, the scheduler's order sorted by windows of 32) at 2 ms per call +
-0.01 ms per padded token. On this mix that pads about 2.3x, so the
-simulator at the same nominal speed, which charges a batch's real tokens in
-one call, has about 2.4 times that capacity: both are printed.
+tokens, the scheduler's order sorted by windows of 32, cut where a call
+more costs less than the padding it saves at the call's worth the worker
+learns, ``CALL_TOKENS``) at 2 ms per call + 0.01 ms per padded token. On
+this mix that pads about 1.26x (2.3x before 2026-12-07, when each call was
+filled to its budget: ``SF_WORKER_MICROBATCH_CALL_TOKENS=0`` runs the worker
+that way, but the capacity, and so the offered load, stays the new one), so
+the simulator at the same nominal speed, which charges a batch's real tokens
+in one call, has about 1.5 times that capacity (2.4 before): both are
+printed. ``--loads 52.17`` offers what ``--loads 80`` offered before the
+change (about 605 requests/s).
 
 **The model**: ``fake:ms_per_batch=2,ms_per_token=0.01`` (issue 49's
 setting, ``bench/isolation.py``'s), one endpoint, one tier, a latency target
@@ -71,9 +77,11 @@ counts a request not ``ok`` as infinite. Each run records the load average
 padding, offered_rps, requests, <mode>.{busiest_p99_ms, worst_light_p99_ms,
 worst_light_org, express_share, batch_fill, tokens_per_model_s, model_busy,
 batches, not_ok, org_p99_ms, loadavg}}`` (live modes also ``peak_rss_mib``
-by process, ``send_lag_p99_ms`` and ``busiest_stages_p99_ms``: the busiest
-org's p99 per stage, :mod:`traffic.stages`, also printed with its p50) and the four ratios above (None where a
-run they need is not among ``--loads`` / ``--modes``).
+by process, ``send_lag_p99_ms``, ``busiest_stages_p99_ms``: the busiest
+org's p99 per stage, :mod:`traffic.stages`, also printed with its p50, and
+``light_stages_p99_ms``: the same over the light orgs' requests together) and
+the four ratios above (None where a run they need is not among ``--loads`` /
+``--modes``).
 
 Run: ``python bench/sustained.py`` (three loads of 60 s: about 10 minutes on
 2 cores); ``--loads 80`` for one; ``--quick`` (80 % for 4 s, for the tests).
@@ -137,6 +145,10 @@ BUSY_SHARE = 1 / 3
 ON_RATE, OFF_RATE, ON_S, OFF_S = 2.5, 0.25, 1.0, 2.0
 #: The worker's micro-batches (plumbing.service_settings: microbatch_size, _tokens).
 MICRO_SIZE, MICRO_TOKENS = 32, 4096
+#: What the worker learns a call of the fake is worth in padded tokens
+#: (worker/call_cost.py): its fixed 2 ms over 0.01 ms a token. The worker cuts
+#: a batch where a call more costs less than the padding it saves.
+CALL_TOKENS = OVERHEAD_MS / MS_PER_TOKEN
 MODES = ("live_on", "live_off", "sim_on", "sim_off", "simpad_on", "simpad_off")
 
 
@@ -171,7 +183,7 @@ def capacity_rps(tokens: Sequence[int], ep: Endpoint) -> dict[str, float]:
     service = ServiceModel(OVERHEAD_MS, MS_PER_TOKEN)
     for b in batches:
         plan = plan_microbatches(b, max_padded_tokens=MICRO_TOKENS, max_size=MICRO_SIZE,
-                                 order="given")
+                                 order="given", call_tokens=CALL_TOKENS)
         pad = padded_tokens(plan, b)
         padded += pad
         live_s += (len(plan) * OVERHEAD_MS + MS_PER_TOKEN * pad) / 1000
@@ -341,6 +353,11 @@ async def live(kafka: KafkaSettings, records: Sequence[TraceRecord], express: bo
                                     if it.request.org == BUSY))
     out["busiest_stages_p99_ms"] = {k: percentile(v, 99) for k, v in stages.items()}
     out["busiest_stage_line"] = stage_line(stages, label=BUSY)
+    # And the light orgs' together: what a tenant below its share waits for.
+    stages = stage_times(results_ms(g for it, g in zip(items, run.results, strict=True)
+                                    if it.request.org != BUSY))
+    out["light_stages_p99_ms"] = {k: percentile(v, 99) for k, v in stages.items()}
+    out["light_stage_line"] = stage_line(stages, label="light orgs")
     return out
 
 
@@ -422,8 +439,9 @@ def print_table(out: dict[str, Any], args) -> None:
                   f"{_ms(r['busiest_p99_ms']):>12}{light:>22}{r['not_ok']:>7}  {rss}")
     for load, row in out["loads"].items():
         for mode in args.modes:
-            if line := row[mode].get("busiest_stage_line"):
-                print(f"{load} %, {mode}: {line}")
+            for key in ("busiest_stage_line", "light_stage_line"):
+                if line := row[mode].get(key):
+                    print(f"{load} %, {mode}: {line}")
     for load, row in out["loads"].items():
         orgs = list(row[args.modes[0]]["org_p99_ms"])
         print(f"\np99 ms per org at {load} %: " + " ".join(f"{m:>10}" for m in args.modes))
