@@ -48,6 +48,10 @@ class WorkerMetrics:
         self.padding = Histogram(f"{p}_padding_ratio",
                                  "Padded tokens computed over real tokens, per micro-batch",
                                  ["endpoint"], buckets=_RATIO, registry=r)
+        self.call_tokens = Gauge(f"{p}_call_tokens",
+                                 "What one model call's fixed cost is worth in padded tokens, as "
+                                 "the micro-batch planner uses it (0: each call filled to its "
+                                 "budget)", ["endpoint"], registry=r)
         self.in_hand = Gauge(f"{p}_batches_in_hand", "Batches taken and not yet finished",
                              ["endpoint"], registry=r)
         self.failures = Counter(f"{p}_failures_total", "Records and sends that failed, by reason",

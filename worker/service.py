@@ -680,6 +680,8 @@ class WorkerService(Service):
             m.tokens_per_s.labels(self.endpoint).set(s.tokens / s.seconds)
         if s.tokens > 0:
             m.padding.labels(self.endpoint).observe(s.padded / s.tokens)
+        if self.executor is not None:
+            m.call_tokens.labels(self.endpoint).set(self.executor.call_tokens())
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
         consumer = self._consumer
