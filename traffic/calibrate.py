@@ -21,12 +21,15 @@ what they would have said (see below).
 The model, per endpoint
 -----------------------
 
-* **Worker.** A batch runs in micro-batches, cut as the worker cut them
-  before 2026-12-07 (:func:`worker.microbatch.plan_microbatches`, in the
-  scheduler's run order, :func:`scheduler.batch_order.run_order`, each call
-  filled to its budget; a worker since cuts where a call more costs less than
-  the padding it saves, ``worker/call_cost.py``, which pads less: the model
-  here is the older, costlier cut, not yet the new one). Micro-batch j takes
+* **Worker.** A batch runs in micro-batches, cut as the worker cuts them
+  (:func:`worker.microbatch.plan_microbatches`, in the scheduler's run order,
+  :func:`scheduler.batch_order.run_order`): where a call more costs less than
+  the padding it saves, a call worth ``micro_overhead_ms /
+  ms_per_padded_token`` padded tokens, as a worker learns it since
+  2026-12-07, when the fit had the workers' start stamps; filled to the
+  budget call by call, as older workers cut, when it had not (a run of a
+  stamped worker from before 2026-12-07 is simulated with the newer cut:
+  its fit's batch error shows it). Micro-batch j takes
   ``micro_overhead_ms + ms_per_padded_token x padded_j`` (padded: its texts
   times its longest one), with ``micro_gap_ms`` between two (publishing the
   first's results); the batch as a whole adds ``batch_overhead_ms`` before
@@ -570,6 +573,21 @@ def _fit_endpoint(endpoint: str, obs: Sequence[Observation], size: int,
                        workers=len(per_worker))
 
 
+def _call_tokens(f: EndpointFit) -> float:
+    """What the fitted worker counted a call as when it cut a batch (padded tokens).
+
+    A worker since 2026-12-07 cuts where a call more costs less than the padding
+    it saves, a call worth its fixed cost over a token's as it fits them on its own
+    calls (``worker/call_cost.py``): the regression :func:`_fit_stamped` makes of
+    the same micro-batches. A fit without start stamps is of an older worker, which
+    filled each call to its budget (0).
+    """
+    per = f.ms_per_padded_token.value
+    if not f.stamped or per <= 0:
+        return 0.0
+    return min(max(0.0, f.micro_overhead_ms.value / per), float(f.microbatch_tokens))
+
+
 def _fit_stamped(batches: Sequence[_Batch], prev_end: dict[str, float | None]
                  ) -> dict[str, Figure]:
     """With the workers' start stamps every part is measured on its own."""
@@ -755,7 +773,8 @@ class CalibratedPipeline:
         order = run_order(entries, self.tier_names) if self.run_order else list(entries)
         lengths = [e.tokens for e in order]
         plan = plan_microbatches(lengths, max_padded_tokens=f.microbatch_tokens,
-                                 max_size=f.microbatch_size, order="given")
+                                 max_size=f.microbatch_size, order="given",
+                                 call_tokens=_call_tokens(f))
         t = f.batch_overhead_ms.value
         n = self.served[endpoint] = self.served.get(endpoint, 0) + 1
         if n <= f.workers:

@@ -8,6 +8,7 @@ import json
 import msgspec
 import pytest
 
+from scheduler.entry import Entry
 from schemas.build import build_config
 from schemas.messages import Result
 from traffic import calibrate as cal
@@ -221,3 +222,22 @@ def test_the_fit_is_the_one_computed_by_hand(points):
         assert got is None
     else:
         assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize(("stamped", "calls"), [(False, 1), (True, 2)])
+def test_a_stamped_fit_cuts_batches_where_the_worker_cuts_them(stamped, calls):
+    """Three requests of 4 tokens and one of 60, a call worth 10 / 0.3 = 33 tokens: a fit
+    from start stamps (a worker that learns its cut) runs the long one apart; a fit from
+    ends alone (an older worker) fills one call."""
+    f = {k: Figure(v, 1) for k, v in TRUTH.items()}
+    ep = EndpointFit(endpoint="embed", batches=0, busy_batches=0, batch_predicted_ms=0,
+                     batch_measured_ms=0, batch_error_ms=0, microbatch_size=16,
+                     microbatch_tokens=4096, micro_gap_ms=Figure(0.0, 0), stamped=stamped, **f)
+    pipeline = CalibratedPipeline(Calibration({"embed": ep}), CONFIG, ServiceModel())
+    entries = [Entry(id=f"r{i}", org="bulk", tier="standard", tokens=t)
+               for i, t in enumerate([4, 4, 4, 60])]
+    took, done, _ = pipeline.serve("embed", entries)
+    # Each call: 10 ms + 0.3 ms a padded token, after the batch's 20 ms.
+    want = (20 + 10 + 0.3 * 4 * 60) if calls == 1 else (20 + 10 + 0.3 * 12 + 10 + 0.3 * 60)
+    assert took * 1000 == pytest.approx(want)
+    assert len(set(done)) == calls
