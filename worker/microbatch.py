@@ -40,8 +40,9 @@ Where to cut (``call_tokens``)
     short one before it. Given what a call's fixed cost is worth in padded
     tokens (:class:`worker.call_cost.CallCost` learns it from the worker's
     calls), the ordered texts are cut where ``calls * call_tokens + padded
-    tokens`` is least instead (:func:`_cheapest_cut`, exact, about 0.4 ms for
-    64 texts): on mixed lengths of 8-256 tokens 1.26x padded against 2.33x,
+    tokens`` is least instead (:func:`_cheapest_cut`, exact: 0.14 ms for 64
+    texts, 12-15 ms for 4,096, against 0.03 and 2 ms filled, on this
+    machine): on mixed lengths of 8-256 tokens 1.26x padded against 2.33x,
     a third less of the fake model's time (``docs/load.md``). The cut only
     chooses where consecutive texts part, so both orders keep their promise.
 
@@ -181,18 +182,25 @@ def _cheapest_cut(stream: Sequence[int], costs: Sequence[int], call_tokens: floa
     Ties go to the larger last group (fewer calls).
     """
     n = len(stream)
+    c = [costs[k] for k in stream]
     best = [0.0] + [math.inf] * n
     start = [0] * (n + 1)
     for j in range(1, n + 1):
-        widest = 0
-        for i in range(j - 1, max(-1, j - 1 - max_size), -1):
-            widest = max(widest, costs[stream[i]])
-            size = j - i
-            if size > 1 and size * widest > max_padded_tokens:
+        # The group of the last text alone always fits (one text over the budget too).
+        widest = c[j - 1]
+        here, at = best[j - 1] + call_tokens + widest, j - 1
+        size = 1
+        for i in range(j - 2, max(-1, j - 1 - max_size), -1):
+            if c[i] > widest:  # noqa: PLR1730 - no call in the loop: it runs n x max_size times
+                widest = c[i]
+            size += 1
+            padded = size * widest
+            if padded > max_padded_tokens:
                 break  # a longer group only widens: none fits
-            total = best[i] + call_tokens + size * widest
-            if total <= best[j]:
-                best[j], start[j] = total, i
+            total = best[i] + call_tokens + padded
+            if total <= here:
+                here, at = total, i
+        best[j], start[j] = here, at
     groups: list[list[int]] = []
     j = n
     while j > 0:

@@ -277,3 +277,10 @@ def test_plan_with_head_passes_the_call_cost_on():
     kw = {"max_padded_tokens": 4096, "max_size": 8}
     assert plan_with_head(lengths, keys, **kw) == [[0, 1, 2, 3]]
     assert plan_with_head(lengths, keys, **kw, call_tokens=50) == [[0, 1, 2], [3]]
+
+
+def test_a_tie_goes_to_fewer_calls():
+    """Texts of 10 and 30 tokens, a call worth 20: one call (20 + 2 x 30) or two (2 x 20 +
+    10 + 30) cost 80 either way; the docstring's tie-break makes it one call."""
+    assert plan_microbatches([10, 30], max_padded_tokens=4096, max_size=8,
+                             call_tokens=20) == [[0, 1]]
