@@ -95,6 +95,7 @@ from scheduler.batch_order import run_order
 from scheduler.entry import Entry
 from schemas.config import Config
 from schemas.messages import Result
+from worker.call_cost import worth
 from worker.microbatch import plan_microbatches
 
 __all__ = [
@@ -582,10 +583,9 @@ def _call_tokens(f: EndpointFit) -> float:
     the same micro-batches. A fit without start stamps is of an older worker, which
     filled each call to its budget (0).
     """
-    per = f.ms_per_padded_token.value
-    if not f.stamped or per <= 0:
+    if not f.stamped:
         return 0.0
-    return min(max(0.0, f.micro_overhead_ms.value / per), float(f.microbatch_tokens))
+    return worth(f.micro_overhead_ms.value, f.ms_per_padded_token.value, f.microbatch_tokens)
 
 
 def _fit_stamped(batches: Sequence[_Batch], prev_end: dict[str, float | None]

@@ -24,7 +24,15 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["CallCost"]
+__all__ = ["CallCost", "worth"]
+
+
+def worth(fixed: float, per_token: float, limit: float = math.inf) -> float:
+    """A call's fixed cost in tokens, ``fixed / per_token`` within ``[0, limit]`` (any one
+    unit of time for both); 0 where a token costs nothing (calls are then filled)."""
+    if not per_token > 0:
+        return 0.0
+    return min(limit, max(0.0, fixed / per_token))
 
 
 class CallCost:
@@ -76,4 +84,4 @@ class CallCost:
     def call_tokens(self) -> float:
         """``a / b`` within ``[0, limit]``; 0 while :meth:`fit` has no answer."""
         ab = self.fit()
-        return 0.0 if ab is None else min(self.limit, ab[0] / ab[1])
+        return 0.0 if ab is None else worth(*ab, self.limit)
