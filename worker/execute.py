@@ -563,13 +563,19 @@ class BatchExecutor:
         total = sum(capped) or 1
         for c, k in zip(capped, idx, strict=True):
             pending[owner[k][0]].seconds += seconds * c / total
-        padded = _call_padded(capped)
-        self.call_cost.observe(padded, seconds)
+        padded = self._measured(seconds, capped)
         if padded > 0 and seconds >= 0 and self._sizeable(len(idx), padded):
             self.seconds_per_padded_token = _ema(self.seconds_per_padded_token, seconds / padded)
         elif padded > 0 and seconds >= 0:
             self.seconds_per_small_call = _ema(self.seconds_per_small_call, seconds)
+
+    def _measured(self, seconds: float, capped: list[int]) -> int:
+        """One model call measured, on texts of these (capped) lengths: what a call costs
+        is learned from it and it is reported. Its padded tokens."""
+        padded = _call_padded(capped)
+        self.call_cost.observe(padded, seconds)
         self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
+        return padded
 
     def call_tokens(self) -> float:
         """What the planner is told a call's fixed cost is worth (padded tokens)."""
@@ -662,10 +668,7 @@ class BatchExecutor:
                 if item is None:
                     break
                 indices, out = item
-                capped = [min(lengths[i], limit) for i in indices]
-                padded = _call_padded(capped)
-                self.call_cost.observe(padded, seconds)
-                self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
+                self._measured(seconds, [min(lengths[i], limit) for i in indices])
                 for row, i in enumerate(indices):
                     scores[i] = float(out.scores[row])
                     truncated[i] = bool(out.truncated[row])
