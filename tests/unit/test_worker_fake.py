@@ -66,6 +66,19 @@ def test_simulated_service_time_is_batch_times_longest():
     assert fake.simulated_seconds == pytest.approx(slept[0])
 
 
+def test_a_call_sleeps_its_service_time_less_the_vectors_own_work():
+    """The call lasts its service time: the time spent making the vectors (here 3 ms by
+    the injected clock) is taken from the sleep, and never below nothing."""
+    slept: list[float] = []
+    ticks = iter([10.0, 10.003, 20.0, 20.5])
+    fake = FakeEmbedder(ms_per_token=0.5, ms_per_batch=2.0, max_seq_length=8,
+                        sleep=slept.append, clock=lambda: next(ticks))
+    fake.encode(["a b c"])                                  # 2 + 0.5 x 3 = 3.5 ms
+    fake.encode(["a b c"])                                  # its vectors took 500 ms
+    assert slept == [pytest.approx(0.0005), 0.0]
+    assert fake.simulated_seconds == pytest.approx(0.007)   # what a model would have taken
+
+
 def test_sorted_micro_batches_are_faster_on_the_fake():
     """Length-sorted micro-batches cost less simulated time than unsorted ones, as on a GPU."""
     texts = [" ".join(["w"] * n) for n in [8, 250, 12, 200, 9, 240, 15, 180] * 4]
