@@ -284,3 +284,79 @@ def test_a_tie_goes_to_fewer_calls():
     10 + 30) cost 80 either way; the docstring's tie-break makes it one call."""
     assert plan_microbatches([10, 30], max_padded_tokens=4096, max_size=8,
                              call_tokens=20) == [[0, 1]]
+
+
+# -- an express batch's head call carrying what follows ---------------------------------------
+
+
+@given(lengths=st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=10),
+       first=st.integers(min_value=1, max_value=4),
+       first_padded=st.integers(min_value=0, max_value=1500),
+       call_tokens=st.floats(min_value=0.5, max_value=2000),
+       max_padded_tokens=st.integers(min_value=1, max_value=1200),
+       max_size=st.integers(min_value=4, max_value=6))
+def test_the_cut_with_a_first_group_costs_least_of_every_such_cut(
+        lengths, first, first_padded, call_tokens, max_padded_tokens, max_size):
+    """``first``: the first texts stay in the first group, which holds more only within
+    ``first_padded``; of every cut that keeps those rules, none costs less."""
+    from worker.microbatch import _cheapest_cut
+
+    first = min(first, len(lengths))
+    stream = list(range(len(lengths)))
+    groups = _cheapest_cut(stream, lengths, call_tokens, max_padded_tokens, max_size,
+                           first=first, first_padded=first_padded)
+    assert [i for g in groups for i in g] == stream
+    assert len(groups[0]) >= first
+    if len(groups[0]) > first:
+        assert padded_tokens(groups[:1], lengths) <= min(first_padded, max_padded_tokens)
+    for g in groups[1:]:
+        assert len(g) <= max_size
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= max_padded_tokens
+    best = math.inf
+    for k in range(first, min(len(stream), max_size) + 1):
+        opening = padded_tokens([stream[:k]], lengths)
+        if k > first and opening > min(first_padded, max_padded_tokens):
+            break
+        rest = (_cheapest_by_brute_force(stream[k:], lengths, call_tokens, max_padded_tokens,
+                                         max_size) if k < len(stream) else 0.0)
+        best = min(best, call_tokens + opening + rest)
+    assert _total(groups, lengths, call_tokens) == pytest.approx(best)
+
+
+def test_an_express_head_call_carries_the_short_texts_after_it_within_one_call_more():
+    """A fresh request of 40 tokens, then a top-up of five of 10 and four of 200: the
+    head's call takes the five (6 x 40 padded, within its own 40 and one call's 200), a
+    call fewer than the head alone; without a call cost the head runs alone as before."""
+    lengths = [40] + [10] * 5 + [200] * 4
+    keys = ["fresh"] + ["bulk"] * 9
+    kw = {"max_padded_tokens": 4096, "max_size": 32, "express": True}
+    alone = plan_with_head(lengths, keys, **kw)
+    assert alone[0] == [0]
+    cut = plan_with_head(lengths, keys, **kw, call_tokens=200)
+    assert cut[0] == [1, 2, 3, 4, 5, 0]                    # sorted by length in its call
+    assert padded_tokens(cut[:1], lengths) <= 40 + 200
+    assert sorted(i for g in cut for i in g) == list(range(len(lengths)))
+    separate = plan_microbatches([40], max_padded_tokens=4096, max_size=32, order="given",
+                                 call_tokens=200) + [
+        [1 + i for i in g] for g in plan_microbatches(lengths[1:], max_padded_tokens=4096,
+                                                      max_size=32, order="given",
+                                                      call_tokens=200)]
+    assert len(cut) == len(separate) - 1
+    assert _total(cut, lengths, 200) < _total(separate, lengths, 200)
+
+
+@given(lengths=st.lists(st.integers(min_value=1, max_value=300), min_size=2, max_size=40),
+       fresh=st.integers(min_value=1, max_value=5),
+       call_tokens=st.floats(min_value=1, max_value=800))
+def test_an_express_plan_runs_its_head_in_the_first_call_and_every_text_once(
+        lengths, fresh, call_tokens):
+    fresh = min(fresh, len(lengths) - 1)
+    keys = [f"f{i}" for i in range(fresh)] + ["bulk"] * (len(lengths) - fresh)
+    groups = plan_with_head(lengths, keys, max_padded_tokens=4096, max_size=32,
+                            express=True, call_tokens=call_tokens)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    head = minority_head(keys, bulk=max(keys.count(k) for k in keys))
+    assert set(range(head)) <= set(groups[0])
+    alone = head * max(lengths[:head]) if head else 0
+    if head and len(groups[0]) > head:
+        assert padded_tokens(groups[:1], lengths) <= alone + call_tokens
