@@ -137,10 +137,12 @@ class SchedulerSettings(ServiceSettings, frozen=True):
         "An express batch is topped up in DRR order, behind its fresh requests, to this "
         "share of the endpoint's max_batch_tokens: a model call costs its fixed time "
         "however little it carries, and the requests DRR would send next ride along. "
-        "Higher serves the busiest orgs of a long load sooner and makes a quiet org "
-        "under a burst wait longer for the next express batch; 0 sends the fresh "
-        "requests alone (docs/load.md, 'Express batches topped up').",
-        ge=0.0, le=1.0)] = 0.25
+        "1 (a full batch) makes an express batch take the place of a regular one and cost "
+        "a fleet busy for long about nothing; lower makes a quiet org under a burst wait "
+        "less for the next express batch (its credit returns sooner) at the busy fleet's "
+        "expense; 0 sends the fresh requests alone (docs/load.md, 'Express batches as "
+        "full batches').",
+        ge=0.0, le=1.0)] = 1.0
     leader_silence_ms: Annotated[int, doc(
         "A standby takes over after reading nothing from the leader for this long (the "
         "leader beats every fifth of it and dispatches only within 0.7 of it after a "

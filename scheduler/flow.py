@@ -240,11 +240,14 @@ class FlowControl:
             # Our clock from sending to reading the report, less the worker's own time.
             round_trip = now_ms - owner.outstanding[ev.batch_id] - ev.held_ms
         service_ms = ev.service_ms or ev.inference_ms
-        # An express batch is a request or two: its call's fixed cost over so few
+        # An express batch of a request or two: its call's fixed cost over so few
         # tokens would read as a slower worker and starve it of credit
         # (bench/gpu_feed.py: the model idle 487-607 ms of a burst against
-        # 151-232). Its round trip counts; its speed does not.
-        reporter.credit.observe(tokens=0 if express else ev.batch_tokens,
+        # 151-232). Its round trip counts; its speed does not, unless it was
+        # topped up to half a full batch or more (express_fill).
+        full = self.full_batch_tokens.get(reporter.endpoint, 0)
+        small = express and 2 * ev.batch_tokens < full
+        reporter.credit.observe(tokens=0 if small else ev.batch_tokens,
                                 service_ms=service_ms, round_trip_ms=round_trip)
         return express
 

@@ -303,7 +303,8 @@ def test_an_express_batch_comes_only_from_the_highest_tier_with_work():
 
 
 def test_an_express_batch_reports_its_round_trip_but_not_its_speed():
-    """Its call's fixed cost over a request or two would read as a slow worker."""
+    """Its call's fixed cost over a request or two would read as a slow worker; one
+    topped up to half a batch or more is measured as any batch."""
     flow = FlowControl(10_000, mode="credit", full_batch_tokens={"embed": 8})
     flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
                              slots=4, free_slots=4, sent_ms=1000), 1000)
@@ -320,10 +321,14 @@ def test_an_express_batch_reports_its_round_trip_but_not_its_speed():
     assert done("b1", 800, 8.0, 1020) is False
     credit = flow.workers["w"].credit
     assert credit.ms_per_token == 0.01 and credit.round_trip_ms == 12.0
-    flow.sent("w", "e1", 1100, 8, express=True)
-    assert done("e1", 8, 2.0, 1116) is True                   # 0.25 ms a token, if it counted
+    flow.sent("w", "e1", 1100, 2, express=True)
+    assert done("e1", 2, 2.0, 1116) is True                   # 1 ms a token, if it counted
     assert credit.ms_per_token == 0.01
     assert credit.round_trip_ms != 12.0                       # its round trip did count
+    # Topped up to half a full batch (8 tokens) or more, it is a batch like another.
+    flow.sent("w", "e2", 1200, 4, express=True)
+    assert done("e2", 4, 0.08, 1220) is True                  # 0.02 ms a token
+    assert credit.ms_per_token != 0.01
 
 
 #: The service tests' clock: a worker's hello here, its batches after.

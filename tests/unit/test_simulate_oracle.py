@@ -277,10 +277,11 @@ def test_an_express_call_runs_after_the_call_in_progress_not_after_the_whole_bat
     """Budget 200, one slot: f1 and f2 go out together, run as two calls (0..0.11,
     0.11..0.22). q1 comes at 0.05: its express call runs when f1's call ends, 0.11..0.22,
     and f2's call moves back to 0.22..0.33, as the live worker's model thread orders them.
-    The batch's credit comes back as its last call starts (0.22): f3 and f4 then."""
+    The batch's credit comes back as its last call starts (0.22): f3 and f4 then. (The
+    express batch carries q1 alone: ``express_fill`` 0.)"""
     cfg = config_for(orgs=QUIET_UNDER_BURST, quantum=100, max_batch_tokens=200)
     trace = [*F4, rec("q1", "q", 100, ts=0.05)]
-    res = simulate(cfg, trace, SimSettings(service=ROUND, slots=1,
+    res = simulate(cfg, trace, SimSettings(service=ROUND, slots=1, express_fill=0.0,
                                            pipeline=_one_call_per_request()))
     got = {o.id: (o.dispatched_s, o.completed_s) for o in res.outcomes}
     assert got == {"f1": (0.0, pytest.approx(0.11)), "f2": (0.0, pytest.approx(0.33)),
