@@ -196,9 +196,7 @@ class ServiceRate:
     full batch, and no longer than one; the cap also keeps a stretch of
     express calls (a warm-up: nearly every batch an express one, measured
     here) from setting a rate near zero that the throttle would then refuse
-    everything by, with no full batch coming to correct it. An express batch
-    topped up to half a batch or more (``express_fill``, a full batch by
-    default) is mostly held work and counts as a regular batch.
+    everything by, with no full batch coming to correct it.
     """
 
     def __init__(self, alpha: float = 0.2) -> None:
@@ -219,11 +217,8 @@ class ServiceRate:
                 express: bool = False) -> None:
         """One ``batch_done``: ``seconds`` of model time; ``done_ms`` its ``sent_ms``;
         ``busy_after``: it listed another batch in hand (``in_flight``);
-        ``express``: the batch was an express one: its time, in a busy
-        stretch, counts against the share left to the rest, and it never sets
-        the rate, unless it is itself large enough to (below): topped up to a
-        full batch (``express_fill``), it is mostly held work, served as a
-        regular batch serves it.
+        ``express``: the batch was an express one (never sets the rate; its
+        time, in a busy stretch, counts against the share left to the rest).
 
         Batches under ``min_tokens`` do not move the rate unless they hold
         ``min_requests`` requests or more (0: no such rule): a small batch is
@@ -245,7 +240,7 @@ class ServiceRate:
                 seconds = max(seconds, (done_ms - prev[0]) / 1000)
         if not (seconds > 0.0) or seconds == float("inf"):
             return
-        if express and not sets_rate(tokens, requests, min_tokens, min_requests):
+        if express:
             if busy_before or busy_after:
                 self._express_s[worker] = self._express_s.get(worker, 0.0) + seconds
             return

@@ -105,17 +105,6 @@ def test_express_calls_take_their_share_from_the_held_work():
     assert r.total(["w"]) == 2500
 
 
-def test_an_express_batch_topped_up_to_half_a_batch_is_a_batch_like_another():
-    """Topped up (``express_fill``), an express batch is mostly held work: it sets the
-    rate as a regular batch of its size does and takes no share from the held work."""
-    r = ServiceRate(alpha=1.0)
-    r.observe("w", 1000, 0.5, done_ms=10_000, busy_after=True, min_tokens=512)
-    r.observe("w", 600, 0.2, done_ms=10_200, busy_after=True, min_tokens=512, express=True)
-    assert r.total(["w"]) == 3000
-    r.observe("w", 1000, 0.5, done_ms=10_700, busy_after=True, min_tokens=512)
-    assert r.total(["w"]) == 2000                  # no express share left to take
-
-
 def test_a_stretch_of_express_calls_takes_at_most_half():
     """A warm-up where nearly every batch is an express one must not set a rate
     near zero: the throttle would refuse everything, and no full batch would come."""
