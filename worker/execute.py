@@ -40,9 +40,10 @@ so the event loop keeps sending heartbeats and results while it computes.
 Calls run there one at a time, and each micro-batch is handed over as the
 call before it begins, to follow it: the model goes on to the next call
 the moment the last one ends, while the event loop builds and writes that
-one's results. A batch's calls run back to back, a newer batch's after
-them (an express batch's head first of all). A model that declares itself
-``instant`` (a fake at zero time) is called on the loop.
+one's results. A newer batch's call handed over meanwhile goes first (the
+order the calls would have had asking for the model as the one before
+ended). A model that declares itself ``instant`` (a fake at zero time) is
+called on the loop.
 """
 
 from __future__ import annotations
@@ -389,8 +390,8 @@ class BatchExecutor:
         # Each micro-batch is handed to the model as the one before it begins
         # (that call's ``on_begin``): it waits in the model's thread and runs
         # the moment that one ends, while that one's results are built and
-        # written. Handed over then, it keeps its batch's place in the order,
-        # ahead of a newer batch's calls (worker/model_thread.py).
+        # written. Handed over then, it queues behind another batch's call
+        # already waiting, in the order the calls were handed over.
         calls: list[asyncio.Task[list[int]] | None] = []
         closed = False
 

@@ -9,19 +9,15 @@ finishing whatever it was doing (building and writing results, reading
 fetches), the next call's dispatch (``bench/gpu_feed.py``,
 ``docs/benchmarks.md``).
 
-Order. Calls run in the order they were handed over, a batch at a time: a
-call handed over as the *continuation* of a running call (``follows``,
-a batch's next micro-batch) waits for that call to end and then keeps its
-place, the place of its batch's first call, so a batch's calls run back to
-back and a newer batch's after them. Until 2026-12-07 a continuation took
-a new place when its call ended, behind the calls of every newer batch
-handed over meanwhile: the batches in hand took turns call by call and
-each ended later (``bench/sustained.py`` at 80 % load: the light orgs'
-worker-queue p99 1,878 ms against 597 since, ``docs/load.md``). An
-*urgent* call (an express batch's head, :mod:`scheduler.dispatch`) goes
-before every call not started, urgent ones among themselves in the order
-handed over: a quiet org's fresh request waits for the call in progress,
-not for the rest of the batch.
+Order. Calls run in the order they were handed over, with one exception
+that keeps the order a worker had when each micro-batch asked for the model
+as the one before it ended: a call handed over as the *continuation* of a
+running call (``follows``) takes its place in the order when that call
+ends. A newer batch's call handed over meanwhile goes first: a quiet
+request at the head of a newer batch does not wait for the rest of an
+older one, only for the call in progress. An *urgent* call (an express
+batch's head, :mod:`scheduler.dispatch`) goes before every call not
+started, urgent ones among themselves in the order handed over.
 
 One thread, not a pool: torch's per-thread settings (its intra-op thread
 count) are made once, in ``setup``, for every call.
@@ -125,14 +121,12 @@ class ModelThread:
                 self._cv.wait()
 
     def _ended(self, job: Job) -> None:
-        """``job`` is done (run or skipped): its continuation is ready now, in its batch's place."""
+        """``job`` is done (run or skipped): its continuation takes its place in the order now."""
         with self._cv:
             job.ended = True
             for j in self._queue:
                 if j.follows is job and j.key is None:
-                    # Its batch's place in the order: the batch runs to its end, a
-                    # newer batch after it (an urgent head before both).
-                    j.key = (1, job.key[1]) if job.key is not None else (1, next(self._order))
+                    j.key = (1, next(self._order))
 
     def _run(self) -> None:
         broken: BaseException | None = None

@@ -228,7 +228,7 @@ async def test_an_urgent_call_runs_before_the_calls_waiting_but_after_the_one_ru
     gate.set()
     await asyncio.wait_for(asyncio.gather(a0.future, b0.future, a1.future, e0.future,
                                           f0.future), 10)
-    assert log == ["a0", "e0", "f0", "a1", "b0"]
+    assert log == ["a0", "e0", "f0", "b0", "a1"]
     t.close()
 
 

@@ -43,10 +43,7 @@ async def test_calls_run_in_one_thread_in_the_order_handed_over():
     t.close()
 
 
-async def test_a_continuation_waits_for_its_call_to_end_then_keeps_its_batchs_place():
-    """A batch's calls run back to back: its next call, handed over as its call runs,
-    goes before a newer batch's call handed over meanwhile (the batch's place in the
-    order is its first call's), so a batch in hand ends as soon as it can."""
+async def test_a_continuation_waits_for_its_call_to_end_then_for_the_calls_handed_over_before():
     log: list[str] = []
     t = ModelThread()
     a0, gate = await held_open(t, log, "a0")
@@ -55,7 +52,7 @@ async def test_a_continuation_waits_for_its_call_to_end_then_keeps_its_batchs_pl
     assert a1.key is None and b0.key is not None
     gate.set()
     await asyncio.wait_for(asyncio.gather(a0.future, a1.future, b0.future), 10)
-    assert log == ["a0", "a1", "b0"]
+    assert log == ["a0", "b0", "a1"]
     # Handed over after its call ended, a continuation is an ordinary call.
     late = t.submit(gated(log, "late"), follows=a0)
     assert late.key is not None
