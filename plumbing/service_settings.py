@@ -138,11 +138,11 @@ class SchedulerSettings(ServiceSettings, frozen=True):
         "share of the endpoint's max_batch_tokens: a model call costs its fixed time "
         "however little it carries, and the requests DRR would send next ride along. "
         "1 (a full batch) makes an express batch take the place of a regular one and cost "
-        "a fleet busy for long about nothing; lower makes a quiet org under a burst wait "
-        "less for the next express batch (its credit returns sooner) at the busy fleet's "
-        "expense; 0 sends the fresh requests alone (docs/load.md, 'Express batches as "
-        "full batches').",
-        ge=0.0, le=1.0)] = 1.0
+        "a fleet busy for long about nothing, but a quiet org under a burst waits longer "
+        "for the next express batch (a full one returns its credit later: make demo's "
+        "scheduler-queue check fails); 0 sends the fresh requests alone (docs/load.md, "
+        "'Express batches as full batches').",
+        ge=0.0, le=1.0)] = 0.25
     leader_silence_ms: Annotated[int, doc(
         "A standby takes over after reading nothing from the leader for this long (the "
         "leader beats every fifth of it and dispatches only within 0.7 of it after a "

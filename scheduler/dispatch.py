@@ -57,7 +57,7 @@ class Dispatcher:
     express: bool = True
     #: Top an express batch up in DRR order to this share of the endpoint's
     #: ``max_batch_tokens`` once the fresh orgs' requests are in it (0: nothing more).
-    express_fill: float = 1.0
+    express_fill: float = 0.25
     epoch: int = field(default=0, init=False)
     _seq: int = field(default=0, init=False)
     #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.
@@ -84,10 +84,11 @@ class Dispatcher:
         batch's tokens: a model call costs its fixed time however little it
         carries, and the worker runs the fresh requests in a call of their own
         first (:func:`worker.microbatch.plan_with_head`), the top-up after. A
-        full top-up (the default) makes it take the place of the next regular
-        batch rather than add a part-filled one: under a long backlog that
-        costs the fleet a call's fixed time per express batch, not a share of
-        its capacity (``docs/load.md``, "Express batches as full batches").
+        full top-up would make it take the place of the next regular batch
+        (under a long backlog, a call's fixed time per express batch rather
+        than a share of the fleet's capacity), but a full batch returns its
+        credit later and the next quiet org waits for it (``docs/load.md``,
+        "Express batches as full batches").
         """
         for endpoint in self.core.endpoints:
             while self.core.held_in(endpoint) > 0 and may():

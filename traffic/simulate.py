@@ -197,7 +197,7 @@ class SimSettings:
     express: bool = True
     #: The share of a full batch's tokens an express batch is topped up to
     #: (``SF_SCHEDULER_EXPRESS_FILL``, the same default).
-    express_fill: float = 1.0
+    express_fill: float = 0.25
 
 
 @dataclass
