@@ -246,7 +246,7 @@ class FlowControl:
         # 151-232). Its round trip counts; its speed does not, unless it was
         # topped up to half a full batch or more (express_fill).
         full = self.full_batch_tokens.get(reporter.endpoint, 0)
-        small = express and 2 * ev.batch_tokens < full
+        small = express and (full <= 0 or 2 * ev.batch_tokens < full)
         reporter.credit.observe(tokens=0 if small else ev.batch_tokens,
                                 service_ms=service_ms, round_trip_ms=round_trip)
         return express
