@@ -92,7 +92,6 @@ import bisect
 import heapq
 import json
 import sys
-from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +104,7 @@ from schemas.config import Config, ConfigError, load_config
 from schemas.messages import LaneState, SchedulerState
 from traffic.report import Outcome, QueueSample, compare, format_table, summarize, write_report
 from traffic.trace import TraceError, TraceRecord, read_trace
-from worker.microbatch import minority_head
+from worker.microbatch import express_head
 
 __all__ = [
     "Admission",
@@ -373,9 +372,7 @@ def _express_calls(service: ServiceModel, batch: Sequence[Entry]
     live worker runs it uncalibrated: what comes before its largest org's first request
     (its fresh requests) in a call of its own, first, the rest in a second call
     (:func:`worker.microbatch.plan_with_head`); one call where that is all of it."""
-    orgs = [e.org for e in batch]
-    bulk = max(Counter(orgs).values(), default=1)
-    head = minority_head(orgs, bulk=bulk) if bulk > 1 else 0
+    head = express_head([e.org for e in batch])
     if not head:
         return service.batch_s(sum(e.tokens for e in batch)), None
     head_s = service.batch_s(sum(e.tokens for e in batch[:head]))

@@ -78,8 +78,8 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
-__all__ = ["HEAD_MIN_REST_CALLS", "MicrobatchOrder", "minority_head", "padded_tokens",
-           "plan_microbatches", "plan_with_head"]
+__all__ = ["HEAD_MIN_REST_CALLS", "MicrobatchOrder", "express_head", "minority_head",
+           "padded_tokens", "plan_microbatches", "plan_with_head"]
 
 MicrobatchOrder = Literal["sorted", "given"]
 
@@ -123,26 +123,11 @@ def plan_microbatches(
     where the calls cost least in all, ``calls * call_tokens + padded tokens``
     (:func:`_cheapest_cut`); 0 fills each call to its budget in turn (greedy).
     """
-    if not call_tokens >= 0:  # NaN too
-        raise ValueError(f"call_tokens must be >= 0, got {call_tokens}")
-    if max_padded_tokens < 1:
-        raise ValueError(f"max_padded_tokens must be >= 1, got {max_padded_tokens}")
-    if max_size < 1:
-        raise ValueError(f"max_size must be >= 1, got {max_size}")
-    if max_seq_length is not None and max_seq_length < 1:
-        raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
+    span = _span(len(lengths), max_padded_tokens=max_padded_tokens, max_size=max_size,
+                 order=order, max_seq_length=max_seq_length, window=window,
+                 call_tokens=call_tokens)
     costs = _costs(lengths, max_seq_length)
     n = len(costs)
-    if order == "sorted":
-        if window is not None:
-            raise ValueError("window applies only to order='given'")
-        span = max(n, 1)
-    elif order == "given":
-        span = max_size if window is None else window
-        if span < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-    else:
-        raise ValueError(f"order must be 'sorted' or 'given', got {order!r}")
 
     def by_cost(i: int) -> tuple[int, int]:
         return costs[i], i
@@ -166,6 +151,30 @@ def plan_microbatches(
     if current:
         groups.append(sorted(current, key=by_cost))
     return groups
+
+
+def _span(n: int, *, max_padded_tokens: int, max_size: int, order: MicrobatchOrder,
+          max_seq_length: int | None, window: int | None, call_tokens: float) -> int:
+    """The window the texts of a batch of ``n`` are sorted in (:func:`_stream`), once
+    :func:`plan_microbatches`' arguments are checked (ValueError naming a bad one)."""
+    if not call_tokens >= 0:  # NaN too
+        raise ValueError(f"call_tokens must be >= 0, got {call_tokens}")
+    if max_padded_tokens < 1:
+        raise ValueError(f"max_padded_tokens must be >= 1, got {max_padded_tokens}")
+    if max_size < 1:
+        raise ValueError(f"max_size must be >= 1, got {max_size}")
+    if max_seq_length is not None and max_seq_length < 1:
+        raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
+    if order == "sorted":
+        if window is not None:
+            raise ValueError("window applies only to order='given'")
+        return max(n, 1)
+    if order == "given":
+        span = max_size if window is None else window
+        if span < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        return span
+    raise ValueError(f"order must be 'sorted' or 'given', got {order!r}")
 
 
 def _stream(costs: Sequence[int], begin: int, end: int, span: int) -> list[int]:
@@ -281,18 +290,14 @@ def plan_with_head(
         raise ValueError(f"{len(keys)} keys for {len(lengths)} lengths")
     kw: dict[str, Any] = {"max_padded_tokens": max_padded_tokens, "max_size": max_size, "order": "given",
           "max_seq_length": max_seq_length, "window": window, "call_tokens": call_tokens}
-    if express:
-        bulk = max(Counter(keys).values(), default=1)
-        head = minority_head(keys, bulk=bulk) if bulk > 1 else 0
-    else:
-        head = minority_head(keys, bulk=max_size)
+    head = express_head(keys) if express else minority_head(keys, bulk=max_size)
     if head and express and call_tokens > 0:
+        span = _span(len(lengths), **kw)
         costs = _costs(lengths, max_seq_length)
         alone = head * max(costs[:head])
         if head <= max_size and alone <= max_padded_tokens:
             # The head's call may carry what follows it while it costs one call's
             # worth more at most: a call fewer where the top-up is short texts.
-            span = max_size if window is None else window
             stream = _stream(costs, 0, head, span) + _stream(costs, head, len(costs), span)
             return [sorted(g, key=lambda i: (costs[i], i)) for g in _cheapest_cut(
                 stream, costs, call_tokens, max_padded_tokens, max_size, first=head,
@@ -303,6 +308,14 @@ def plan_with_head(
             return plan_microbatches(lengths[:head], **kw) + [
                 [head + i for i in group] for group in rest]
     return plan_microbatches(lengths, **kw)
+
+
+def express_head(keys: Sequence[Hashable]) -> int:
+    """An express batch's head: how many leading entries of ``keys`` come before the
+    first entry of the key with the most entries (its fresh orgs' requests, ahead of
+    its top-up); 0 where no key has more than one (one call for all of it)."""
+    bulk = max(Counter(keys).values(), default=1)
+    return minority_head(keys, bulk=bulk) if bulk > 1 else 0
 
 
 def padded_tokens(
