@@ -306,6 +306,21 @@ def test_cli_reports_bad_trace(tmp_path, capsys):
     assert "bad.jsonl:1: field `tokens`" in capsys.readouterr().err
 
 
+def test_an_express_batchs_fresh_requests_end_with_its_head_call_not_its_top_up():
+    """Uncalibrated, an express batch is two calls as the worker plans it: its fresh
+    requests are done when the first ends. Topped up to a full batch, the victim's
+    request then waits for the batch in progress and its head call (about one full
+    batch), not also for its top-up (about two)."""
+    res = simulate(CONFIG, noisy_neighbour(2_000), SimSettings(express_fill=1.0))
+    express = [o for o in res.outcomes if o.express and o.org == VICTIM]
+    assert express, "no express batch carried the victim"
+    assert p99_ms(res, VICTIM) < 1.2 * FULL_BATCH_S * 1000
+    # And the top-up behind it ends later than the head, in the same batch.
+    batch = express[0].batch_id
+    ends = {o.org: o.completed_s for o in res.outcomes if o.batch_id == batch}
+    assert ends["bulkcorp"] > ends[VICTIM]
+
+
 def test_queue_samples_track_the_backlog():
     """Queue depth is sampled on the virtual clock: it peaks with the burst and ends empty."""
     res = noisy(1_000, "drr")
