@@ -30,7 +30,7 @@ class Scheduler:
         self.lanes: dict[str, Lane | FifoLane] = {
             name: self._make_lane(name) for name in config.endpoints
         }
-        self._held: dict[str, tuple[str, Entry]] = {}
+        self._held: dict[str, Entry] = {}
 
     def _weight(self, org: str) -> float:
         o = self.config.orgs.get(org)
@@ -57,7 +57,8 @@ class Scheduler:
         lane = self.lanes[endpoint]
         if e.id in self._held:
             return False
-        self._held[e.id] = (endpoint, e)
+        e.endpoint = endpoint
+        self._held[e.id] = e
         lane.push(e)
         return True
 
@@ -67,11 +68,10 @@ class Scheduler:
         For a service that lost the partition a request came from: the new
         owner replays it, so it must not also be dispatched here.
         """
-        found = self._held.pop(request_id, None)
-        if found is None:
+        e = self._held.pop(request_id, None)
+        if e is None:
             return None
-        endpoint, e = found
-        self.lanes[endpoint].remove(e)
+        self.lanes[e.endpoint].remove(e)
         return e
 
     def next_batch(self, endpoint: str, now: float, *, in_run_order: bool = False,

@@ -15,8 +15,9 @@ NO_DEADLINE = float("inf")
 class Entry:
     """One held request: what the core needs to order, cost and batch it.
 
-    Fixed at creation: everything but ``state``. ``state`` is changed by the
-    core alone (held -> dispatched, expired or removed, exactly once). ``payload`` is
+    Fixed at creation: everything but ``state`` and ``endpoint``. ``state`` is
+    changed by the core alone (held -> dispatched, expired or removed, exactly
+    once); ``endpoint`` is the lane the core holds it on (set by its push). ``payload`` is
     opaque to the core: the service keeps its :class:`AdmittedRequest` there,
     the simulator its trace record.
 
@@ -27,6 +28,7 @@ class Entry:
     __slots__ = (
         "arrival",
         "deadline",
+        "endpoint",
         "id",
         "org",
         "payload",
@@ -49,6 +51,7 @@ class Entry:
         self.seq = 0  # set by the lane: arrival order, the final tie-breaker
         self.payload = payload
         self.state = HELD
+        self.endpoint = ""  # set by the core when it holds the entry
 
     def __repr__(self) -> str:
         return (f"Entry({self.id!r}, org={self.org!r}, tier={self.tier!r}, tokens={self.tokens}, "

@@ -320,7 +320,7 @@ class TierIntake:
             fmt = format_from_headers(rec.headers)
             if not is_pack(rec.headers):
                 req = _request_codec.decode(rec.value, fmt, max_bytes=max_bytes)
-                why = self._hold(tp, rec.offset, req, now_ms, received, held)
+                why = self._hold((tp, rec.offset), req, now_ms, received, held)
                 self._held(tp, rec.offset, now_ms, held)
                 return [] if why is None else self._rejected(tp, rec, *why)
             items = unpack_requests(rec.value, fmt, max_bytes=max_bytes)
@@ -328,12 +328,13 @@ class TierIntake:
             return self._rejected(tp, rec, e.reason, str(e))
         self.totals["packs"] = self.totals.get("packs", 0) + 1
         out: list[tuple[object, str, str]] = []
+        origin = (tp, rec.offset)  # one tuple for the pack's requests
         for item in items:
             if item.value is None:
                 assert item.error is not None
                 why = item.error.reason, str(item.error)
             else:
-                why = self._hold(tp, rec.offset, item.value, now_ms, received, held)
+                why = self._hold(origin, item.value, now_ms, received, held)
             if why is not None:
                 alone = dataclasses.replace(rec, value=item.raw, headers=_ITEM_HEADERS[fmt])
                 out += self._rejected(tp, alone, *why)
@@ -345,19 +346,20 @@ class TierIntake:
         self.offsets.consumed(tp, rec.offset)
         return [(rec, reason, error)]
 
-    def _hold(self, tp: TopicPartition, offset: int, req: AdmittedRequest, now_ms: int,
+    def _hold(self, origin: tuple[TopicPartition, int], req: AdmittedRequest, now_ms: int,
               received: dict[str, int],
               held: dict[tuple[str, str, str], list[int]]) -> tuple[str, str] | None:
         """Push one request into the core; (reason, error) if it must be rejected.
 
         What it holds is counted in ``held`` (``(endpoint, tier, org)`` ->
-        ``[requests, tokens]``), for :meth:`_held` once per record.
+        ``[requests, tokens]``), for :meth:`_held` once per record. ``origin``: its
+        record's (partition, offset).
         """
         if req.id in self.skip:
             # A predecessor's batch holds it, and a worker serves that batch.
             self.skipped += 1
             self.totals["taken_over_dispatched"] = self.totals.get("taken_over_dispatched", 0) + 1
-            self.offsets.consumed(tp, offset)
+            self.offsets.consumed(*origin)
             return None
         if self.admitted_through_ms is None or req.admitted_ms > self.admitted_through_ms:
             self.admitted_through_ms = req.admitted_ms
@@ -377,7 +379,7 @@ class TierIntake:
                       arrival=now_ms / 1000, payload=req)
         received[tier] = received.get(tier, 0) + 1
         if self.core.push(req.endpoint, entry):
-            self._origin[req.id] = (tp, offset)
+            self._origin[req.id] = origin
             c = held.get(key := (req.endpoint, tier, req.org))
             if c is None:
                 held[key] = [1, req.tokens]
@@ -387,7 +389,7 @@ class TierIntake:
         else:
             self.totals["duplicates"] += 1
             self.metrics.duplicates.labels(tier).inc()
-            self.offsets.consumed(tp, offset)
+            self.offsets.consumed(*origin)
         return None
 
     def _held(self, tp: TopicPartition, offset: int, now_ms: int,
