@@ -160,6 +160,14 @@ async def process_rounds(kafka: KafkaSettings, items: list[ReplayItem], raw_args
     return raw, pipe
 
 
+def _phase_line(phases: list[service_rounds.Phases]) -> str:
+    """The scheduler's fastest round, phase by phase (ms from its first record sent)."""
+    p = min(phases, key=lambda p: p.all_read_ms)
+    return (f"  fastest round: first request held at {p.first_held_ms:.0f} ms, all held at "
+            f"{p.all_held_ms:.0f}, all in acknowledged batches at {p.all_dispatched_ms:.0f}, "
+            f"all read by the stub fleet at {p.all_read_ms:.0f}")
+
+
 def _row(name: str, seconds: list[float], n: int, unit: str = "msgs/s") -> str:
     return f"{name:<52}{min(seconds):>9.2f}{n / min(seconds):>12,.0f} {unit}"
 
@@ -220,9 +228,12 @@ async def amain(args: argparse.Namespace) -> dict:
             fleet = max(1, args.stub_workers)
             fleets = (fleet,) if fleet == 1 else (fleet, 1)
 
+            phases: dict[int, list[service_rounds.Phases]] = {}
+
             async def scheduler() -> tuple[list[float], list[float]]:
                 relay, by_fleet = await service_rounds.scheduler_rounds(
-                    kafka, fresh, n, args.tokens, repeat, args.stub_slots, fleets)
+                    kafka, fresh, n, args.tokens, repeat, args.stub_slots, fleets, phases)
+                figures["scheduler_phases_ms"] = [p._asdict() for p in phases[fleet]]
                 if fleet != 1:  # the bench before 387a862 fed one stub worker: shown beside
                     one = by_fleet[1]
                     figures.update(scheduler_one_worker_s=one,
@@ -245,6 +256,8 @@ async def amain(args: argparse.Namespace) -> dict:
                 lines += [_row(f"raw relay, {name}'s records", relay, n),
                           _row(alone, service, n, "req/s"),
                           f"  {name}_ratio: {figures[f'{name}_ratio']:.3f}"]
+                if name == "scheduler":
+                    lines.append(_phase_line(phases[fleet]))
                 if name == "scheduler" and "scheduler_one_worker_s" in figures:
                     lines += [_row(f"scheduler alone, 1 stub worker x {args.stub_slots}",
                                    figures["scheduler_one_worker_s"], n, "req/s"),

@@ -31,6 +31,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from typing import NamedTuple
 
 import msgspec
 from aiokafka.structs import TopicPartition
@@ -48,7 +49,7 @@ from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder
 from worker.service import WorkerService, WorkerSettings
 
-__all__ = ["admission_rounds", "scheduler_rounds", "worker_rounds"]
+__all__ = ["Phases", "admission_rounds", "scheduler_rounds", "worker_rounds"]
 
 _MSGPACK = [("content-type", b"application/msgpack")]
 _JSON = [("content-type", b"application/json")]
@@ -337,10 +338,12 @@ def _single_records(config: Config, n: int, words: int) -> dict[str, list[Record
 
 
 async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
-                           repeat: int, slots: int, fleets: tuple[int, ...] = (1,)
+                           repeat: int, slots: int, fleets: tuple[int, ...] = (1,),
+                           phases: dict[int, list[Phases]] | None = None
                            ) -> tuple[list[float], dict[int, list[float]]]:
     """(relay seconds, {fleet: scheduler seconds}) per round, interleaved: each round the
-    relay, then the scheduler feeding each stub fleet of ``fleet`` workers of ``slots``."""
+    relay, then the scheduler feeding each stub fleet of ``fleet`` workers of ``slots``.
+    ``phases``: filled with each round's :class:`Phases`, by fleet."""
     relay_s: list[float] = []
     service_s: dict[int, list[float]] = {w: [] for w in fleets}
     for _ in range(repeat):
@@ -361,8 +364,10 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
                 await relay.__aexit__()
         await delete_topics(kafka, [out_topic, *topics.all(config)])
         for workers in fleets:
-            service_s[workers].append(
-                await _scheduler_round(kafka, config_for(), n, words, slots, workers))
+            seconds, phase = await _scheduler_round(kafka, config_for(), n, words, slots, workers)
+            service_s[workers].append(seconds)
+            if phases is not None:
+                phases.setdefault(workers, []).append(phase)
     return relay_s, service_s
 
 
@@ -370,9 +375,22 @@ def _sender(kafka: KafkaSettings, by_tier: dict[str, list[Record]]) -> Callable:
     return lambda: asyncio.gather(*(_send_all(kafka, t, recs) for t, recs in by_tier.items()))
 
 
+class Phases(NamedTuple):
+    """Where a scheduler round's time went, in ms from its first tier record sent, read
+    from the service's own counts as the round waits (every 2 ms): its first request
+    held, its last one held (the intake's slice holding it done), its last one in a
+    batch the broker acknowledged, and the stub fleet's read of the last."""
+
+    first_held_ms: float
+    all_held_ms: float
+    all_dispatched_ms: float
+    all_read_ms: float
+
+
 async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: int, slots: int,
-                           workers: int) -> float:
-    """Seconds from the first tier record sent until the stub fleet has read all ``n``."""
+                           workers: int) -> tuple[float, Phases]:
+    """Seconds from the first tier record sent until the stub fleet has read all ``n``, and
+    the round's :class:`Phases`."""
     by_tier = _tier_records(config, n, words)
     service = SchedulerService(config, kafka)
     await service.start()
@@ -383,12 +401,36 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
                 while not (service.readiness()[0]
                            and len(service.flow.workers) >= len(stub.names)):
                     await asyncio.sleep(0.05)
-            t0 = time.perf_counter()
-            await _sender(kafka, by_tier)()
-            async with asyncio.timeout(120):
-                while stub.requests < n:
+            totals = service.totals
+            marks: dict[str, float] = {}
+
+            def mark(name: str, reached: bool) -> None:
+                if reached and name not in marks:
+                    marks[name] = (time.perf_counter() - t0) * 1000
+
+            async def watch() -> None:
+                while True:
+                    # The core's count moves request by request; the totals once a slice.
+                    mark("first", service.core.held > 0 or totals["received"] > 0)
+                    mark("held", totals["received"] >= n)
+                    mark("dispatched", totals["dispatched"] >= n)
                     await asyncio.sleep(0.002)
-            return time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            watcher = asyncio.create_task(watch())
+            try:
+                await _sender(kafka, by_tier)()
+                async with asyncio.timeout(120):
+                    while stub.requests < n:
+                        await asyncio.sleep(0.002)
+                seconds = time.perf_counter() - t0
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+            for name in ("first", "held", "dispatched"):
+                mark(name, True)  # reached by now: the fleet read all n
+            return seconds, Phases(marks["first"], marks["held"], marks["dispatched"],
+                                   seconds * 1000)
     finally:
         service.request_stop()
         await asyncio.wait_for(task, 30)
