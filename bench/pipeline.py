@@ -232,8 +232,10 @@ async def amain(args: argparse.Namespace) -> dict:
 
             async def scheduler() -> tuple[list[float], list[float]]:
                 relay, by_fleet = await service_rounds.scheduler_rounds(
-                    kafka, fresh, n, args.tokens, repeat, args.stub_slots, fleets, phases)
+                    kafka, fresh, n, args.tokens, repeat, args.stub_slots, fleets, phases,
+                    args.scheduler_warm_up)
                 figures["scheduler_phases_ms"] = [p._asdict() for p in phases[fleet]]
+                figures["scheduler_warm_up"] = args.scheduler_warm_up
                 if fleet != 1:  # the bench before 387a862 fed one stub worker: shown beside
                     one = by_fleet[1]
                     figures.update(scheduler_one_worker_s=one,
@@ -290,6 +292,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="stub workers the scheduler feeds, one batch partition each "
                              "(4: every partition of the shipped configuration; 1: one worker, "
                              "as the bench was before 387a862)")
+    parser.add_argument("--scheduler-warm-up", type=int, default=service_rounds.WARM_UP,
+                        help="requests each scheduler serves, untimed, before its round, so "
+                             "its credit for the stub workers is measured (0: a cold start, "
+                             "as the bench was before 2026-12-07)")
     parser.add_argument("--worker-slots", type=int, default=4,
                         help="batches the worker alone takes at once")
     parser.add_argument("--json", type=Path, help="also write the figures here")

@@ -18,7 +18,12 @@ costs nothing beyond its I/O).
   batch partitions dealt among them) that reports each batch done the
   moment it reads it (no model at all); relay: one tier record per request,
   each written to a batch topic as it is (the baseline stays one record per
-  request, so the ratio shows what packs gain).
+  request, so the ratio shows what packs gain). The scheduler has first served
+  ``warm_up`` requests (2,048 by default, untimed): a fresh scheduler gives each
+  stub worker one batch at a time until that worker's first report measures its
+  credit (:mod:`scheduler.credit`), which a scheduler that has been serving has
+  done long before; the relay's consumers are likewise assigned and fetching
+  before its round is timed.
 - **worker**: batches of 64 requests -> one result per request (fake model
   at zero time); relay: each batch record answered by the same result
   records, made beforehand by the worker's own executor (the same vectors
@@ -49,7 +54,7 @@ from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder
 from worker.service import WorkerService, WorkerSettings
 
-__all__ = ["Phases", "admission_rounds", "scheduler_rounds", "worker_rounds"]
+__all__ = ["WARM_UP", "Phases", "admission_rounds", "scheduler_rounds", "worker_rounds"]
 
 _MSGPACK = [("content-type", b"application/msgpack")]
 _JSON = [("content-type", b"application/json")]
@@ -174,6 +179,8 @@ def _admitted(n: int, orgs: list[str], config: Config, words: int) -> list[Admit
 
 
 ConfigFor = Callable[[], Config]
+#: Requests a scheduler serves, untimed, before its round (see the module doc).
+WARM_UP = 2048
 
 
 async def admission_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
@@ -339,11 +346,13 @@ def _single_records(config: Config, n: int, words: int) -> dict[str, list[Record
 
 async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, words: int,
                            repeat: int, slots: int, fleets: tuple[int, ...] = (1,),
-                           phases: dict[int, list[Phases]] | None = None
+                           phases: dict[int, list[Phases]] | None = None,
+                           warm_up: int = WARM_UP
                            ) -> tuple[list[float], dict[int, list[float]]]:
     """(relay seconds, {fleet: scheduler seconds}) per round, interleaved: each round the
     relay, then the scheduler feeding each stub fleet of ``fleet`` workers of ``slots``.
-    ``phases``: filled with each round's :class:`Phases`, by fleet."""
+    ``phases``: filled with each round's :class:`Phases`, by fleet; ``warm_up``: requests
+    each scheduler serves before its round is timed (0: none)."""
     relay_s: list[float] = []
     service_s: dict[int, list[float]] = {w: [] for w in fleets}
     for _ in range(repeat):
@@ -364,7 +373,8 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
                 await relay.__aexit__()
         await delete_topics(kafka, [out_topic, *topics.all(config)])
         for workers in fleets:
-            seconds, phase = await _scheduler_round(kafka, config_for(), n, words, slots, workers)
+            seconds, phase = await _scheduler_round(kafka, config_for(), n, words, slots, workers,
+                                                    warm_up)
             service_s[workers].append(seconds)
             if phases is not None:
                 phases.setdefault(workers, []).append(phase)
@@ -388,9 +398,9 @@ class Phases(NamedTuple):
 
 
 async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: int, slots: int,
-                           workers: int) -> tuple[float, Phases]:
+                           workers: int, warm_up: int = WARM_UP) -> tuple[float, Phases]:
     """Seconds from the first tier record sent until the stub fleet has read all ``n``, and
-    the round's :class:`Phases`."""
+    the round's :class:`Phases`; ``warm_up`` requests served first, untimed."""
     by_tier = _tier_records(config, n, words)
     service = SchedulerService(config, kafka)
     await service.start()
@@ -402,6 +412,13 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
                            and len(service.flow.workers) >= len(stub.names)):
                     await asyncio.sleep(0.05)
             totals = service.totals
+            if warm_up > 0:
+                await _sender(kafka, _tier_records(config, warm_up, words))()
+                async with asyncio.timeout(60):
+                    while stub.requests < warm_up or totals["dispatched"] < warm_up:
+                        await asyncio.sleep(0.002)
+                stub.requests = 0
+            received, dispatched = totals["received"], totals["dispatched"]
             marks: dict[str, float] = {}
 
             def mark(name: str, reached: bool) -> None:
@@ -411,9 +428,9 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
             async def watch() -> None:
                 while True:
                     # The core's count moves request by request; the totals once a slice.
-                    mark("first", service.core.held > 0 or totals["received"] > 0)
-                    mark("held", totals["received"] >= n)
-                    mark("dispatched", totals["dispatched"] >= n)
+                    mark("first", service.core.held > 0 or totals["received"] > received)
+                    mark("held", totals["received"] - received >= n)
+                    mark("dispatched", totals["dispatched"] - dispatched >= n)
                     await asyncio.sleep(0.002)
 
             t0 = time.perf_counter()
