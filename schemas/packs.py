@@ -26,6 +26,7 @@ import msgspec
 
 from schemas.codec import Codec, DecodeError, Format, codec_for, format_from_headers
 from schemas.messages import AdmittedPack, AdmittedRequest, Result, ResultPack
+from schemas.names import LoosePack, names_ok
 
 __all__ = [
     "PACK_HEADER",
@@ -57,6 +58,7 @@ class _RawResults(msgspec.Struct):
     results: list[msgspec.Raw]
 
 
+
 _outer: dict[tuple[type, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decoder[Any]] = {
     (_RawRequests, "json"): msgspec.json.Decoder(_RawRequests),
     (_RawRequests, "msgpack"): msgspec.msgpack.Decoder(_RawRequests),
@@ -64,11 +66,13 @@ _outer: dict[tuple[type, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decod
     (_RawResults, "msgpack"): msgspec.msgpack.Decoder(_RawResults),
 }
 _typed: dict[tuple[type, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decoder[Any]] = {
-    (_RawRequests, "msgpack"): msgspec.msgpack.Decoder(AdmittedPack),
+    (_RawRequests, "msgpack"): msgspec.msgpack.Decoder(LoosePack),
     (_RawResults, "msgpack"): msgspec.msgpack.Decoder(ResultPack),
-    (_RawRequests, "json"): msgspec.json.Decoder(AdmittedPack),
+    (_RawRequests, "json"): msgspec.json.Decoder(LoosePack),
     (_RawResults, "json"): msgspec.json.Decoder(ResultPack),
 }
+#: What the whole-pack decode must still check of its values (requests: their names).
+_after: dict[type, Any] = {_RawRequests: names_ok, _RawResults: lambda values: True}
 #: A pack's bytes around its items (see :func:`pack_frame_bytes`), rounded up.
 _FRAME = 16
 _json = msgspec.json.Encoder()
@@ -155,14 +159,19 @@ def _unpack(data: bytes | None, fmt: Format, outer: type, field: str, codec: Cod
     if max_bytes is not None and len(data) > max_bytes:
         raise DecodeError("too_large", f"pack is {len(data)} bytes, the limit is {max_bytes}")
     # The common case first: the whole pack in one typed decode (about half the
-    # cost of an item at a time). Items keep no bytes then: none is rejected.
+    # cost of an item at a time), requests' names checked after it
+    # (schemas.names). Items keep no bytes then: none is rejected.
     typed = _typed.get((outer, fmt))
     if typed is not None:
         try:
-            return [Item(b"", v) for v in getattr(typed.decode(data), field)]
+            values = getattr(typed.decode(data), field)
+            if _after[outer](values):
+                return [Item(b"", v) for v in values]
         except (msgspec.DecodeError, RecursionError, MemoryError, UnicodeDecodeError,
                 ValueError):
-            pass  # read item by item below, to tell the good from the bad
+            pass
+        # Read item by item below, strictly: the good told from the bad, each
+        # bad one with the error the strict decoder gives.
     try:
         raws: list[msgspec.Raw] = getattr(_outer[outer, fmt].decode(data), field)
     except msgspec.ValidationError as e:
