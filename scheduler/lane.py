@@ -81,7 +81,11 @@ class _LaneBase:
         e.state = HELD
         if e.deadline != NO_DEADLINE:
             heappush(self._deadlines, (e.deadline, e.seq, e))
-        self._account(e, +1)
+        # _account(e, +1), inline: it runs for every request held.
+        t = e.tier if e.tier in self.held_count else self.tier_names[-1]
+        self.held += 1
+        self.held_tokens[t] += e.tokens
+        self.held_count[t] += 1
         self._push(e)
 
     def expire(self, now: float) -> list[Entry]:
@@ -290,21 +294,40 @@ class Lane(_LaneBase):
         credit, shared = self.credit, self._shared
         ep = self.endpoint
         most, most_tokens = ep.max_batch_size, ep.max_batch_tokens
+        # With no min_share tier, taking is the tier's take alone (what _take does then),
+        # and every request taken here is of one tier: its counts are settled once, after.
+        plain = not shared and not self.min_share[i]
+        tier = tiers[i]
+        taken = taken_tokens = 0
         while q.live and len(batch) < most:
             for j in shared:
                 if credit[j] > 0 and tiers[j].live:
-                    return tokens
+                    return self._settle(batch, taken, taken_tokens, tokens)
             e = q.top()
             if e is None:
                 break
             c = cost(e)
             if c > q.deficit or tokens + e.tokens > most_tokens:
                 break
-            self._take((e, i, q, c))
+            if plain:
+                tier.take(q, e, c)
+            else:
+                self._take((e, i, q, c))
             e.state = DISPATCHED
-            self._account(e, -1)
+            taken += 1
+            taken_tokens += e.tokens
             tokens += e.tokens
             batch.append(e)
+        return self._settle(batch, taken, taken_tokens, tokens)
+
+    def _settle(self, batch: list[Entry], taken: int, taken_tokens: int, tokens: int) -> int:
+        """:meth:`_take_run` took the last ``taken`` requests of ``batch`` (``taken_tokens``
+        tokens, all of one tier): take them off the held counts; returns ``tokens``."""
+        if taken:
+            t = self._tier_of(batch[-1])
+            self.held -= taken
+            self.held_tokens[t] -= taken_tokens
+            self.held_count[t] -= taken
         return tokens
 
     def _discard(self, e: Entry) -> None:

@@ -551,6 +551,10 @@ class SchedulerService(Service):
             await self._sleep_until_due(now)
 
     async def _sleep_until_due(self, now: float) -> None:
+        if self._wake.is_set():
+            # Woken while it dispatched (the intake held more, a worker reported): round
+            # again at once, with no wait to work out (most turns under load).
+            return
         due = [self._next_state_s]
         if (d := self.core.next_deadline()) is not None:
             due.append(d)
