@@ -126,7 +126,10 @@ class WorkerSlots:
     @property
     def free(self) -> int:
         """Slots not taken by an unreleased outstanding batch."""
-        return max(0, self.slots - len(self.unreleased()))
+        # Counted from the few released, not by listing the outstanding (every claim asks).
+        outstanding = self.outstanding
+        taken = len(outstanding) - sum(1 for b in self.released if b in outstanding)
+        return max(0, self.slots - taken)
 
     def unreleased(self) -> list[str]:
         """Outstanding batches whose credit the worker has not returned yet."""

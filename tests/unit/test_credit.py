@@ -78,6 +78,18 @@ def test_a_slow_worker_under_the_ceiling_gets_one_batch_more_only_when_one_is_re
     assert fill(f, now + 250, "c") == ["c0"]
 
 
+def test_at_the_slot_cap_a_released_batch_frees_its_slot():
+    """A fast worker fills its 2 slots; the credit a batch returns makes room for one more
+    (the cap counts unreleased batches), and only one."""
+    f = flow(max_outstanding_ms=10_000)
+    f.observe(ev("hello", sent=0, slots=2), 0)
+    now = measure(f, 1, service_ms=1, round_trip_ms=500)
+    f.observe(ev(sent=now, slots=2), now)  # its reports said 8: 2 from now on
+    assert fill(f, now, "b") == ["b0", "b1"]
+    f.observe(ev(sent=now + 1, slots=2, in_flight=["b0", "b1"], released=["b0"]), now + 1)
+    assert fill(f, now + 1, "c") == ["c0"]
+
+
 def test_credit_follows_a_changing_round_trip():
     """A longer round trip gives the worker more work to cover it, a shorter one less."""
     f = flow(max_outstanding_ms=10_000)
