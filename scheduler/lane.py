@@ -69,10 +69,12 @@ class _LaneBase:
         # A tier removed by a reconfiguration falls back to the lowest one.
         return e.tier if e.tier in self.held_count else self.tier_names[-1]
 
-    def _account(self, e: Entry, sign: int) -> None:
+    def _account(self, e: Entry, sign: int, tokens: int | None = None) -> None:
+        """``sign`` requests of ``e``'s tier held (+) or gone (-), of ``tokens`` in all
+        (``sign`` x ``e.tokens`` when None)."""
         t = self._tier_of(e)
         self.held += sign
-        self.held_tokens[t] += sign * e.tokens
+        self.held_tokens[t] += sign * e.tokens if tokens is None else tokens
         self.held_count[t] += sign
 
     def push(self, e: Entry) -> None:
@@ -81,11 +83,7 @@ class _LaneBase:
         e.state = HELD
         if e.deadline != NO_DEADLINE:
             heappush(self._deadlines, (e.deadline, e.seq, e))
-        # _account(e, +1), inline: it runs for every request held.
-        t = e.tier if e.tier in self.held_count else self.tier_names[-1]
-        self.held += 1
-        self.held_tokens[t] += e.tokens
-        self.held_count[t] += 1
+        self._account(e, +1)
         self._push(e)
 
     def expire(self, now: float) -> list[Entry]:
@@ -324,10 +322,7 @@ class Lane(_LaneBase):
         """:meth:`_take_run` took the last ``taken`` requests of ``batch`` (``taken_tokens``
         tokens, all of one tier): take them off the held counts; returns ``tokens``."""
         if taken:
-            t = self._tier_of(batch[-1])
-            self.held -= taken
-            self.held_tokens[t] -= taken_tokens
-            self.held_count[t] -= taken
+            self._account(batch[-1], -taken, -taken_tokens)
         return tokens
 
     def _discard(self, e: Entry) -> None:
