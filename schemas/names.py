@@ -55,8 +55,15 @@ def _patterned() -> dict[str, tuple[Any, str]]:
         if not patterns:
             continue
         assert len(patterns) == 1, f"{f.name}: one pattern"
-        loose = [Meta(**{k: v for k in _META_FIELDS if (v := getattr(m, k)) is not None})
-                 if isinstance(m, Meta) else m for m in metas]
+        loose = []
+        for m in metas:
+            if isinstance(m, Meta):
+                kept = {k: v for k in _META_FIELDS if (v := getattr(m, k)) is not None}
+                # Everything but the pattern carried over (a constraint msgspec adds
+                # later and this list lacks would otherwise be dropped unseen).
+                assert Meta(**kept, pattern=m.pattern) == m, f"{f.name}: {m!r} not rebuilt"
+                m = Meta(**kept)
+            loose.append(m)
         out[f.name] = (typing.Annotated[(base, *loose)], patterns[0])
     return out
 

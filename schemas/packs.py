@@ -58,7 +58,6 @@ class _RawResults(msgspec.Struct):
     results: list[msgspec.Raw]
 
 
-
 _outer: dict[tuple[type, str], msgspec.json.Decoder[Any] | msgspec.msgpack.Decoder[Any]] = {
     (_RawRequests, "json"): msgspec.json.Decoder(_RawRequests),
     (_RawRequests, "msgpack"): msgspec.msgpack.Decoder(_RawRequests),
