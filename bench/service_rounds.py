@@ -41,6 +41,7 @@ from typing import NamedTuple
 import msgspec
 from aiokafka.structs import TopicPartition
 
+from plumbing.bounded import bounded
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
 from plumbing.topics import delete_topics, ensure_topics
 from producer.service import AdmissionService, AdmissionSettings
@@ -385,6 +386,12 @@ def _sender(kafka: KafkaSettings, by_tier: dict[str, list[Record]]) -> Callable:
     return lambda: asyncio.gather(*(_send_all(kafka, t, recs) for t, recs in by_tier.items()))
 
 
+async def _until(done: Callable[[], bool]) -> None:
+    """Return once ``done()``, looking every 2 ms (bound it: :func:`bounded`)."""
+    while not done():
+        await asyncio.sleep(0.002)
+
+
 class Phases(NamedTuple):
     """Where a scheduler round's time went, in ms from its first tier record sent, read
     from the service's own counts as the round waits (every 2 ms): its first request
@@ -414,9 +421,9 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
             totals = service.totals
             if warm_up > 0:
                 await _sender(kafka, _tier_records(config, warm_up, words))()
-                async with asyncio.timeout(60):
-                    while stub.requests < warm_up or totals["dispatched"] < warm_up:
-                        await asyncio.sleep(0.002)
+                await bounded(_until(lambda: stub.requests >= warm_up
+                                     and totals["dispatched"] >= warm_up), 60,
+                              f"the stub fleet to read the {warm_up:,} warm-up requests")
                 stub.requests = 0
             received, dispatched = totals["received"], totals["dispatched"]
             marks: dict[str, float] = {}
@@ -437,9 +444,8 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
             watcher = asyncio.create_task(watch())
             try:
                 await _sender(kafka, by_tier)()
-                async with asyncio.timeout(120):
-                    while stub.requests < n:
-                        await asyncio.sleep(0.002)
+                await bounded(_until(lambda: stub.requests >= n), 120,
+                              f"the stub fleet to read all {n:,} requests")
                 seconds = time.perf_counter() - t0
             finally:
                 watcher.cancel()
