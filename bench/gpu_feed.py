@@ -33,7 +33,9 @@ not running the burst (``idle_ramp_ms``: before its first call,
 requests took longer than the bound, each stage's time beyond its p50
 with no burst, summed over them (``traffic.stages.excess_by_stage``), and
 when they were sent, in seconds after the burst's first request
-(``sent_after_burst_s``).
+(``sent_after_burst_s``); and the requests admission wrote to its backlog
+topic and read back (``backlog_written``, ``backlog_read``: what moving a
+burst there costs the quiet org is in ``docs/load.md``).
 
 Run: ``python bench/gpu_feed.py`` (workers 1 and 2), ``--quick`` (1 worker,
 a smaller burst).
@@ -178,6 +180,8 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
                 busy_s = model_seconds(st) - before
                 sched = next(p for n, (_, p) in st.procs.items() if n.startswith("scheduler"))
                 flow = scrape(sched)
+                admission = [scrape(p) for n, (_, p) in st.procs.items()
+                             if n.startswith("admission")]
         finally:
             await delete_topics(kafka, await describe_topics(kafka, prefix))
     if burst.first_created_s is None or burst.last_completed_s is None:
@@ -203,6 +207,11 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
     after = sent_after(late_got, burst.first_created_s)
     print(excess_line(excess, len(late), label=f"{workers} worker(s), {QUIET_ORG} over the bound")
           + sent_line(after))
+    # What went through admission's backlog topic (docs/load.md: its cost to a quiet org).
+    written = sum(m.get("sf_admission_backlog_written_total", 0) for m in admission)
+    read_back = sum(m.get("sf_admission_backlog_read_total", 0) for m in admission)
+    print(f"{workers} worker(s): {written:,.0f} requests written to admission's backlog topic, "
+          f"{read_back:,.0f} read back")
     ramp_ms, gaps_ms = burst.idle_ms if workers == 1 and burst.idle_ms else (None, None)
     if ramp_ms is not None:
         print(f"1 worker: the model not running the burst in its span of {span * 1000:,.0f} ms: "
@@ -217,6 +226,7 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
             "quiet_unloaded_not_ok": sum(o.status != "ok" for o in unloaded.outcomes
                                          if o.org == QUIET_ORG),
             "idle_ramp_ms": ramp_ms, "idle_gaps_ms": gaps_ms,
+            "backlog_written": written, "backlog_read": read_back,
             "over_bound": {"requests": len(late), "excess_ms": excess,
                            "sent_after_burst_s": after}}
 

@@ -37,7 +37,7 @@ BENCHES = [
       "scheduler_phases_ms.[0].first_held_ms", "scheduler_phases_ms.[0].all_read_ms"], []),
     ("gpu_feed", ["--quick", "--burst", "1000", "--quiet-s", "2"],
      ["1.busy", "1.quiet_p99_ms", "1.quiet_unloaded_p99_ms", "1.batch_ms", "1.round_trip_ms"],
-     []),
+     ["1.backlog_written", "1.backlog_read"]),
     ("isolation", ["--quick", "--bursts", "500,1000:16", "--seconds", "6"],
      ["[0].full_batch_ms", "[0].peak_rss_mb.+500.scheduler"],
      ["[0].orgs", "[0].over_bound.+1,000:16.sent_after_burst_s", "[0].not_ok", "[0].twice",
