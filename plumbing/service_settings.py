@@ -43,13 +43,20 @@ class AdmissionSettings(ServiceSettings, frozen=True):
         "burst on its partition is decided in the next step instead of after the burst; "
         "offsets are committed in log order all the same.", ge=1)] = 50_000
     backlog_after_records: Annotated[int, doc(
-        "An org with this many records read ahead has its later ones written to the "
-        "backlog topic, several to a record, and read back as it is served (and so has "
-        "every new one while some are there, so its order holds): a burst of any size "
-        "waits in Kafka, not in the read-ahead every other org's records pass through "
-        "(producer/backlog.py). A backlog partition is read while fewer than this many "
-        "of its records wait. 0: never (a burst larger than read_ahead_records stops the "
-        "fetches).", ge=0)] = 2_000
+        "Once the read-ahead holds backlog_from_records, an org with this many records "
+        "read ahead has its later ones written to the backlog topic, several to a "
+        "record, and read back as it is served (and so has every new one while some are "
+        "there, so its order holds): a burst of any size waits in Kafka, not in the "
+        "read-ahead every other org's records pass through (producer/backlog.py). A "
+        "backlog partition is read while fewer than this many records wait for it. 0: "
+        "never (a burst larger than read_ahead_records stops the fetches).",
+        ge=0)] = 2_000
+    backlog_from_records: Annotated[int, doc(
+        "Records read ahead in all before any goes to the backlog topic: a burst the "
+        "read-ahead holds below it is paced there and not copied (a copy written as a "
+        "burst arrives costs every org sharing the broker's and the services' cores: "
+        "docs/load.md). Keep it under half of read_ahead_records, where pacing stops. "
+        "0: from the first record.", ge=0)] = 20_000
     shape_org_per_s: Annotated[float, doc(
         "Records of one org this instance decides per second at most, past "
         "shape_org_burst at once; the rest wait in the read-ahead, uncommitted, and are "

@@ -9,20 +9,30 @@ org's record waits in the broker until the burst drains (``bench/isolation.py``
 measured a quiet org's p99 3.9 s up under 100,000 requests of one org). A
 bigger bound only moves the wall: a million requests do not fit in memory.
 
-So an org that reaches ``after`` records read ahead has them, and every later
-one, written unchanged to the ``backlog`` topic (partition for partition with
-ingress), several to a record, and read back from there as it is served; an
-org with records in the backlog sends every new one there too, so its order
-holds. Its records leave the read-ahead with it: the ingress partition is
-committed past the burst as soon as the broker has the copies, so a restart
-does not read the burst from ingress again. A backlog partition is read while fewer than ``after`` of its records
-wait in the read-ahead. What waits behind a burst in the backlog is only
-other bursting orgs of the same partition; the ingress keeps flowing.
+So once the read-ahead holds ``from_records`` in all, an org with ``after``
+records read ahead has every later one written unchanged to the ``backlog``
+topic (partition for partition with ingress), several to a record, and read
+back from there as it is served; an org with records in the backlog sends
+every new one there too, so its order holds. What it had read ahead stays
+there, in order, ahead of what it has in the backlog, and is paced as
+before: only what arrives past the bound is copied. Below ``from_records``
+nothing is copied: a burst the read-ahead holds without nearing its bound is
+paced there, and a copy written as a burst arrives is the burst's traffic
+twice over on the broker and the cores it shares with every other org
+(``docs/load.md``: a quiet org over its bound in every run with the copy,
+within in most without). A backlog partition is read while fewer than
+``after`` records of the orgs it holds wait in the read-ahead (those read
+back and those read ahead from ingress), so a burst is not read back while
+its first records still wait. What waits behind a burst in the backlog is
+only other bursting orgs of the same partition; the ingress keeps flowing.
 
 The promises hold: a spilled record's ingress offset is released only once
 the broker has its backlog copy, and a backlog record's only once every
 record in it is decided and written (a crash replays it, as it replays
-ingress); the records keep their key, value, headers and timestamp.
+ingress); the records keep their key, value, headers and timestamp. The
+ingress partition is committed past the spilled records once the broker has
+their copies, not past the records still read ahead: a restart reads those
+from ingress again, as it reads any undecided record.
 
 Pure: the wire form of a backlog record (:func:`encode`, :func:`decode`) and
 the routing rule (:class:`Backlog`); the service does the I/O.
@@ -35,7 +45,8 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["BACKLOG_HEADER", "KEEP", "MOVE", "RECORD_ITEMS", "SPILL", "BackRecord", "Backlog", "decode", "encode", "item_bytes"]
+__all__ = ["BACKLOG_HEADER", "KEEP", "RECORD_ITEMS", "SPILL", "BackRecord", "Backlog", "decode",
+           "encode", "item_bytes"]
 
 #: Ingress records in one backlog record at most. Its offset is committed once every
 #: one of them is decided, so a restart admits again at most this many already
@@ -44,7 +55,7 @@ __all__ = ["BACKLOG_HEADER", "KEEP", "MOVE", "RECORD_ITEMS", "SPILL", "BackRecor
 RECORD_ITEMS = 100
 
 #: :meth:`Backlog.route`'s answers.
-KEEP, SPILL, MOVE = 0, 1, 2
+KEEP, SPILL = 0, 1
 
 #: The header every backlog record carries: what it is, and its version.
 BACKLOG_HEADER = ("sf-backlog", b"1")
@@ -106,12 +117,14 @@ class Backlog:
     """Which fetched ingress records go to the backlog, per (partition, key).
 
     ``after``: a record goes there once its (partition, key) has this many
-    records read ahead, and while any of that key's records are there; 0
-    never. Counts are this instance's, since its last assignment.
+    records read ahead while the read-ahead is pressed (holds
+    ``from_records`` in all), and while any of that key's records are there;
+    0 never. Counts are this instance's, since its last assignment.
     """
 
-    def __init__(self, after: int) -> None:
+    def __init__(self, after: int, from_records: int = 0) -> None:
         self.after = after
+        self.from_records = from_records
         #: (partition, key) -> records written to the backlog and not yet read back.
         self._out: dict[tuple[Hashable, Any], int] = {}
 
@@ -119,11 +132,11 @@ class Backlog:
         """(partition, key) pairs with records in the backlog."""
         return len(self._out)
 
-    def route(self, partition: Hashable, key: Any, held: int) -> int:
-        """Where the next ingress record of ``key`` goes, ``held`` of its records being read
-        ahead: :data:`KEEP` (read ahead), :data:`SPILL` (to the backlog, behind its
-        records there), or :data:`MOVE` (its org reached the bound: its ``held`` records
-        to the backlog first, then it). What goes is counted out."""
+    def route(self, partition: Hashable, key: Any, held: int, read_ahead: int) -> int:
+        """Where the next ingress record of ``key`` goes, ``held`` of its records and
+        ``read_ahead`` in all being read ahead: :data:`KEEP` (read ahead) or
+        :data:`SPILL` (to the backlog, behind its records there). What goes is counted
+        out."""
         if self.after <= 0:
             return KEEP
         k = (partition, key)
@@ -131,10 +144,10 @@ class Backlog:
         if out > 0:
             self._out[k] = out + 1
             return SPILL
-        if held < self.after:
+        if held < self.after or read_ahead < self.from_records:
             return KEEP
-        self._out[k] = held + 1
-        return MOVE
+        self._out[k] = 1
+        return SPILL
 
     def read_back(self, partition: Hashable, key: Any) -> None:
         """One record of ``key`` came back (one a former owner wrote is not counted)."""
@@ -148,6 +161,10 @@ class Backlog:
     def out(self, partition: Hashable, key: Any) -> int:
         """Records of ``key`` in the backlog, as this instance counts them."""
         return self._out.get((partition, key), 0)
+
+    def spilled(self) -> list[tuple[Hashable, Any]]:
+        """The (partition, key) pairs with records in the backlog."""
+        return list(self._out)
 
     def clear(self) -> None:
         """A new assignment: what was counted is the former generation's."""

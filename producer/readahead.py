@@ -73,16 +73,6 @@ class ReadAhead:
             q.append((rec, at, partition))
             self.held += 1
 
-    def pop(self, partition: Hashable, key: Any) -> list[tuple[Hashable, Any, Any]]:
-        """Take the whole (``partition``, ``key``) group out of turn, in order, as
-        (partition, record, fetched at) like :meth:`take`: an org moved elsewhere."""
-        q = self._groups.pop((partition, key), None)
-        if q is None:
-            return []
-        self._ring.remove((partition, key))
-        self.held -= len(q)
-        return [(tp, rec, at) for rec, at, tp in q]
-
     def count(self, partition: Hashable, key: Any) -> int:
         """Records held in the (``partition``, ``key``) group."""
         q = self._groups.get((partition, key))

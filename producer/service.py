@@ -82,7 +82,7 @@ from plumbing.state_follower import StateFollower
 from plumbing.topickeeper import TopicKeeper
 from plumbing.topics import ensure_topics
 from producer.admission import Admission, Admitted, DeadLetterReason, Outcome, Refused
-from producer.backlog import BACKLOG_HEADER, KEEP, MOVE, RECORD_ITEMS, Backlog, item_bytes
+from producer.backlog import BACKLOG_HEADER, KEEP, RECORD_ITEMS, Backlog, item_bytes
 from producer.backlog import decode as decode_backlog
 from producer.backlog import encode as encode_backlog
 from producer.metrics import AdmissionMetrics, LogSampler
@@ -238,7 +238,7 @@ class AdmissionService(Service):
         self._cold_rates = cold_rates(config, s.pace_backlog_s, s.pace_cold_batches)
         self._offsets = OffsetTracker()
         #: Which ingress records go to the backlog topic instead of the read-ahead.
-        self._backlog = Backlog(s.backlog_after_records)
+        self._backlog = Backlog(s.backlog_after_records, s.backlog_from_records)
         #: Backlog partition -> its records in the read-ahead; and those paused for it.
         self._back_held: Counter[TopicPartition] = Counter()
         self._back_paused: set[TopicPartition] = set()
@@ -376,15 +376,10 @@ class AdmissionService(Service):
             out: list[tuple[TopicPartition, Any]] = []
             for rec in records:
                 hold(tp, rec.offset)
-                where = backlog.route(tp.partition, rec.key, ahead.count(tp, rec.key))
-                if where == KEEP:
+                if backlog.route(tp.partition, rec.key, ahead.count(tp, rec.key),
+                                 len(ahead)) == KEEP:
                     ahead.add(tp, (rec,), fetched_ms)
                     continue
-                if where == MOVE:
-                    for was, moved, _at in ahead.pop(tp, rec.key):
-                        out.append((was, moved))
-                        if was in self._back_held:
-                            self._back_held[was] -= 1
                 out.append((tp, rec))
             if out:
                 aside.extend(self._backlog_sends(tp.partition, out))
@@ -401,10 +396,9 @@ class AdmissionService(Service):
 
     def _backlog_sends(self, partition: int, records: list[tuple[TopicPartition, Any]]
                        ) -> list[_Send]:
-        """``records`` (each with the partition it was read from: ingress, or the backlog
-        for one moved again) as backlog records of ``partition``, each within
-        service.max_message_bytes and ``RECORD_ITEMS``; each record's offset released
-        once its copy is written."""
+        """``records`` (each with the ingress partition it was read from) as backlog
+        records of ``partition``, each within service.max_message_bytes and
+        ``RECORD_ITEMS``; each record's offset released once its copy is written."""
         topic = self.topics.backlog
         sends = []
         for cut in split([item_bytes(r) for _, r in records],
@@ -453,14 +447,22 @@ class AdmissionService(Service):
         self._pause_backlog()
 
     def _pause_backlog(self) -> None:
-        """Read a backlog partition only while fewer than ``backlog_after_records`` of its
-        requests wait in the read-ahead: the backlog is where the rest wait."""
+        """Read a backlog partition only while fewer than ``backlog_after_records`` records
+        wait in the read-ahead for it: the more of those read back from it (any org's),
+        and those its orgs with records there have read ahead, read back or from ingress
+        (a burst's first records stay read ahead when the rest go to the backlog: it is
+        not read back before they are decided)."""
         consumer = self._consumer
         assert consumer is not None, "open() ran"
         bound = max(1, self._backlog.after)
         held, paused = self._back_held, self._back_paused
-        for tp in list(held):
-            n = held[tp]
+        ingress, backlog = self.topics.ingress, self.topics.backlog
+        waiting: Counter[TopicPartition] = Counter()
+        for partition, key in self._backlog.spilled():
+            waiting[TopicPartition(backlog, partition)] += self._ahead.count(
+                TopicPartition(ingress, partition), key)
+        for tp in set(held) | set(waiting):
+            n = max(held[tp], waiting[tp])
             if n >= bound:
                 if tp not in paused:
                     consumer.pause(tp)
@@ -469,7 +471,7 @@ class AdmissionService(Service):
             if tp in paused:
                 consumer.resume(tp)
                 paused.discard(tp)
-            if n <= 0:
+            if held[tp] <= 0:
                 del held[tp]
 
     def _shaping(self, now: float) -> Shaper | Pacer | None:

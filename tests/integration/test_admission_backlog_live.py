@@ -64,14 +64,15 @@ async def _until_topic_committed(service: AdmissionService, topic: str, n: int,
 
 async def test_a_burst_past_the_bound_waits_in_the_backlog_and_comes_back_in_order(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
-    """300 records of bulk, shaped to 200/s so they wait, then one of quiet: bulk's 20th
-    read ahead moves it to the backlog, with the rest; each comes back and is admitted
-    once, in order; quiet's is not held behind them; every offset of the ingress and the
+    """300 records of bulk, shaped to 200/s so they wait, then one of quiet: past bulk's
+    20th read ahead the rest go to the backlog (the 20 stay read ahead, ahead of them);
+    each comes back and is admitted once, in order; quiet's is not held behind them; every offset of the ingress and the
     backlog is committed at the end."""
     topics = Topics(topic_prefix)
     service = _admission(kafka_settings, _config(tmp_path, topic_prefix),
                          shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE,
-                         backlog_after_records=AFTER)
+                         backlog_after_records=AFTER,
+                         backlog_from_records=0)
     async with running(service):
         await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
         await _send_burst(kafka_settings, topics.ingress, BURST)
@@ -99,6 +100,29 @@ async def test_a_burst_past_the_bound_waits_in_the_backlog_and_comes_back_in_ord
         assert _sample(service, "sf_admission_read_ahead_records") == 0
 
 
+async def test_a_burst_the_read_ahead_holds_below_from_records_is_not_copied(
+        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
+    """The same burst, the read-ahead never holding backlog_from_records: nothing goes to
+    the backlog; every request admitted once, in order, quiet's not behind them."""
+    topics = Topics(topic_prefix)
+    service = _admission(kafka_settings, _config(tmp_path, topic_prefix),
+                         shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE,
+                         backlog_after_records=AFTER, backlog_from_records=BURST + 1)
+    async with running(service):
+        await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
+        await _send_burst(kafka_settings, topics.ingress, BURST)
+        records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
+                                     timeout_s=30)
+        admitted = admitted_in(records)
+        assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
+        assert [a.id for a in admitted if a.org == "quiet"] == ["quiet-0"]
+        assert _sample(service, "sf_admission_backlog_written_total") == 0
+        order = [a.id for a in admitted]
+        assert order.index("quiet-0") < AFTER + ALLOWANCE + 10, order.index("quiet-0")
+        await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
+        await _until_topic_committed(service, topics.ingress, BURST + 1)
+
+
 async def test_a_restart_in_the_middle_of_a_backlog_loses_nothing(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
     """The first instance stops with most of the burst still in the backlog; the second
@@ -110,13 +134,14 @@ async def test_a_restart_in_the_middle_of_a_backlog_loses_nothing(
     # in the middle of a backlog record, whose requests not yet decided must come back.
     first = _admission(kafka_settings, config, shape_org_per_s=PER_S / 2,
                        shape_org_burst=ALLOWANCE, backlog_after_records=AFTER,
-                       commit_interval_ms=0)
+                       backlog_from_records=0, commit_interval_ms=0)
     async with running(first):
         await _until(lambda: first.readiness()[0], "the ingress partitions to be assigned")
         await _send_burst(kafka_settings, topics.ingress, BURST)
         await _until(lambda: first.totals["admitted"] >= BURST // 4,
                      "a quarter of the burst to be admitted")
-    second = _admission(kafka_settings, config, backlog_after_records=AFTER)
+    second = _admission(kafka_settings, config, backlog_after_records=AFTER,
+                        backlog_from_records=0)
     async with running(second):
         records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
                                      timeout_s=30)
@@ -138,7 +163,8 @@ async def test_an_unreadable_backlog_record_is_dead_lettered_and_the_rest_flow(
 
     topics = Topics(topic_prefix)
     service = _admission(kafka_settings, _config(tmp_path, topic_prefix),
-                         backlog_after_records=AFTER)
+                         backlog_after_records=AFTER,
+                         backlog_from_records=0)
     async with running(service):
         await _until(lambda: service.readiness()[0], "the partitions to be assigned")
         await _produce(kafka_settings, topics.backlog, b"not a backlog record")

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import msgspec
 import pytest
 
-from producer.backlog import BACKLOG_HEADER, KEEP, MOVE, SPILL, Backlog, decode, encode, item_bytes
+from producer.backlog import BACKLOG_HEADER, KEEP, SPILL, Backlog, decode, encode, item_bytes
 from producer.readahead import ReadAhead
 from schemas.packs import split
 
@@ -24,37 +24,52 @@ class Rec(NamedTuple):
 def test_an_org_goes_to_the_backlog_at_its_bound_and_stays_there_until_read_back():
     b = Backlog(after=3)
     # Under the bound: read ahead.
-    assert [b.route(0, b"bulk", held) for held in (0, 1, 2)] == [KEEP] * 3
-    # At it: its 3 read ahead move to the backlog, then this one; all counted out.
-    assert b.route(0, b"bulk", 3) == MOVE
-    assert b.out(0, b"bulk") == 4
+    assert [b.route(0, b"bulk", held, held) for held in (0, 1, 2)] == [KEEP] * 3
+    # At it: this one to the backlog (its 3 read ahead stay, ahead of it); counted out.
+    assert b.route(0, b"bulk", 3, 3) == SPILL
+    assert b.out(0, b"bulk") == 1
     # Once some are out, every later one goes there too, however few are read ahead:
     # a record kept back would be decided before the older ones in the backlog.
-    assert b.route(0, b"bulk", 0) == SPILL
-    assert b.out(0, b"bulk") == 5
+    assert b.route(0, b"bulk", 0, 0) == SPILL
+    assert b.out(0, b"bulk") == 2
+    assert b.spilled() == [(0, b"bulk")]
     # Another org of the partition, and the same org on another partition, are their own.
-    assert b.route(0, b"quiet", 0) == KEEP
-    assert b.route(1, b"bulk", 0) == KEEP
-    for _ in range(4):
-        b.read_back(0, b"bulk")
-    assert b.route(0, b"bulk", 0) == SPILL  # one still out (and now this one): behind it
+    assert b.route(0, b"quiet", 0, 3) == KEEP
+    assert b.route(1, b"bulk", 0, 3) == KEEP
+    b.read_back(0, b"bulk")
+    assert b.route(0, b"bulk", 0, 0) == SPILL  # one still out (and now this one): behind it
     b.read_back(0, b"bulk")
     b.read_back(0, b"bulk")
     assert b.out(0, b"bulk") == 0
-    assert b.route(0, b"bulk", 2) == KEEP  # all back: read ahead again
-    assert len(b) == 0
+    assert b.route(0, b"bulk", 2, 2) == KEEP  # all back: read ahead again
+    assert len(b) == 0 and b.spilled() == []
+
+
+def test_nothing_goes_to_the_backlog_until_the_read_ahead_holds_from_records():
+    """A burst the read-ahead holds below ``from_records`` is kept there, however far past
+    ``after`` its org is; from then on its later records go, and stay going."""
+    b = Backlog(after=3, from_records=10)
+    assert [b.route(0, b"bulk", held, held) for held in range(10)] == [KEEP] * 10
+    assert b.out(0, b"bulk") == 0
+    # Pressed, but this org under its own bound: kept.
+    assert b.route(0, b"quiet", 2, 10) == KEEP
+    # Pressed, and the org at its bound: from here to the backlog.
+    assert b.route(0, b"bulk", 10, 10) == SPILL
+    # The read-ahead below the mark again: the org still goes there while it has some out.
+    assert b.route(0, b"bulk", 5, 5) == SPILL
+    assert b.out(0, b"bulk") == 2
 
 
 def test_records_a_former_owner_wrote_do_not_count_below_zero():
     b = Backlog(after=1)
     b.read_back(0, b"bulk")  # written before this instance's assignment
     assert b.out(0, b"bulk") == 0
-    assert b.route(0, b"bulk", 0) == KEEP
+    assert b.route(0, b"bulk", 0, 0) == KEEP
 
 
 def test_zero_never_spills():
     b = Backlog(after=0)
-    assert b.route(0, b"bulk", 10**9) == KEEP
+    assert b.route(0, b"bulk", 10**9, 10**9) == KEEP
 
 
 def test_a_backlog_record_keeps_every_field_of_its_ingress_records_in_order():
@@ -109,14 +124,3 @@ def test_a_record_read_back_joins_its_org_behind_what_it_has_read_ahead():
     # The quiet org is still taken in the first turn, not behind the burst.
     assert taken[1][1].key == b"quiet"
     assert len(ahead) == 0
-
-
-def test_an_org_moved_to_the_backlog_leaves_the_read_ahead_whole_and_in_order():
-    ahead = ReadAhead()
-    ahead.add("in-0", [Rec(b"bulk", b"1"), Rec(b"quiet", b"q"), Rec(b"bulk", b"2")])
-    ahead.add("back-0", [Rec(b"bulk", b"3")], group="in-0")
-    moved = ahead.pop("in-0", b"bulk")
-    assert [(tp, r.value) for tp, r, _ in moved] == [("in-0", b"1"), ("in-0", b"2"),
-                                                     ("back-0", b"3")]
-    assert len(ahead) == 1 and ahead.pop("in-0", b"bulk") == []
-    assert [r.key for _, r, _ in ahead.take(10)] == [b"quiet"]
