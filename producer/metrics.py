@@ -60,7 +60,8 @@ class AdmissionMetrics:
         self.backlog_written = Counter(
             "sf_admission_backlog_written_total",
             "Ingress records written to the backlog topic (their org had "
-            "backlog_after_records read ahead, or records in the backlog already), once "
+            "backlog_after_records read ahead with backlog_from_records read ahead in all, or "
+            "records in the backlog already), once "
             "the broker has them.", registry=registry,
         )
         self.backlog_read = Counter(
