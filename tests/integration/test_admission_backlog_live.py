@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
 
 from plumbing.kafka import KafkaSettings
 from producer.backlog import RECORD_ITEMS
@@ -98,6 +99,40 @@ async def test_a_burst_past_the_bound_waits_in_the_backlog_and_comes_back_in_ord
         assert backlog_records >= written / RECORD_ITEMS
         await _until_topic_committed(service, topics.backlog, backlog_records)
         assert _sample(service, "sf_admission_read_ahead_records") == 0
+
+
+async def test_a_burst_is_not_read_back_while_its_first_records_wait_read_ahead(
+        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
+    """The copy begins at 3 x AFTER read ahead: bulk keeps about that many there, the rest
+    go to the backlog, and none is read back until fewer than AFTER of bulk's wait (so
+    the read-ahead does not hold its first records and as many read back besides); all
+    admitted once, in order."""
+    topics = Topics(topic_prefix)
+    service = _admission(kafka_settings, _config(tmp_path, topic_prefix),
+                         shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE,
+                         backlog_after_records=AFTER, backlog_from_records=3 * AFTER)
+    # What bulk has in the read-ahead (from ingress, or read back) as each backlog
+    # fetch is read back.
+    waiting: list[int] = []
+    read_back = service._read_back
+
+    def spy(tp, records, fetched_ms):
+        waiting.append(service._ahead.count(TopicPartition(topics.ingress, tp.partition),
+                                            b"bulk"))
+        return read_back(tp, records, fetched_ms)
+
+    service._read_back = spy  # type: ignore[method-assign]
+    async with running(service):
+        await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
+        await _send_burst(kafka_settings, topics.ingress, BURST)
+        records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
+                                     timeout_s=30)
+        admitted = admitted_in(records)
+        assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
+        assert _sample(service, "sf_admission_backlog_written_total") > 0
+        assert waiting and max(waiting) < AFTER, waiting
+        await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
+        await _until_topic_committed(service, topics.ingress, BURST + 1)
 
 
 async def test_a_burst_the_read_ahead_holds_below_from_records_is_not_copied(
