@@ -20,7 +20,7 @@ nothing is copied: a burst the read-ahead holds without nearing its bound is
 paced there, and a copy written as a burst arrives is the burst's traffic
 twice over on the broker and the cores it shares with every other org
 (``docs/load.md``: a quiet org over its bound in every run with the copy,
-within in 10 of 22 without). A backlog partition is read while fewer than
+within in 11 of 26 without). A backlog partition is read while fewer than
 ``after`` records of the orgs it holds wait in the read-ahead (those read
 back and those read ahead from ingress), so a burst is not read back while
 its first records still wait. What waits behind a burst in the backlog is
