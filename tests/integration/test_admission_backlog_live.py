@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 from plumbing.kafka import KafkaSettings
 from producer.backlog import RECORD_ITEMS
 from producer.service import AdmissionService
+from schemas.messages import AdmittedRequest
 from schemas.topics import Topics
 from tests.admission_setup import registry
 from tests.integration.pipeline_setup import running
@@ -63,27 +64,46 @@ async def _until_topic_committed(service: AdmissionService, topic: str, n: int,
                              f"committed: {done}") from None
 
 
+def _shaped(kafka_settings: KafkaSettings, tmp_path: Path, prefix: str,
+            from_records: int) -> AdmissionService:
+    """Admission deciding bulk at PER_S past ALLOWANCE, its backlog past AFTER read ahead
+    once the read-ahead holds ``from_records``."""
+    return _admission(kafka_settings, _config(tmp_path, prefix), shape_org_per_s=PER_S,
+                      shape_org_burst=ALLOWANCE, backlog_after_records=AFTER,
+                      backlog_from_records=from_records)
+
+
+async def _burst_admitted(kafka_settings: KafkaSettings, service: AdmissionService,
+                          topics: Topics) -> list[AdmittedRequest]:
+    """Send the burst once ``service`` is assigned; what it admitted (the whole tier topic),
+    checked: bulk's every request once, in the burst's order, and quiet's once."""
+    await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
+    await _send_burst(kafka_settings, topics.ingress, BURST)
+    records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
+                                 timeout_s=30)
+    admitted = admitted_in(records)
+    assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
+    assert [a.id for a in admitted if a.org == "quiet"] == ["quiet-0"]
+    return admitted
+
+
+async def _all_committed(service: AdmissionService, topics: Topics) -> None:
+    """Every request admitted and every ingress offset committed: nothing left to replay."""
+    await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
+    await _until_topic_committed(service, topics.ingress, BURST + 1)
+
+
 async def test_a_burst_past_the_bound_waits_in_the_backlog_and_comes_back_in_order(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path):
     """300 records of bulk, shaped to 200/s so they wait, then one of quiet: past bulk's
     20th read ahead the rest go to the backlog (the 20 stay read ahead, ahead of them);
-    each comes back and is admitted once, in order; quiet's is not held behind them; every offset of the ingress and the
-    backlog is committed at the end."""
+    each comes back and is admitted once, in order; quiet's is not held behind them;
+    every offset of the ingress and the backlog is committed at the end."""
     topics = Topics(topic_prefix)
-    service = _admission(kafka_settings, _config(tmp_path, topic_prefix),
-                         shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE,
-                         backlog_after_records=AFTER,
-                         backlog_from_records=0)
+    service = _shaped(kafka_settings, tmp_path, topic_prefix, from_records=0)
     async with running(service):
-        await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
-        await _send_burst(kafka_settings, topics.ingress, BURST)
-        records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
-                                     timeout_s=30)
-        admitted = admitted_in(records)
-        bulk = [a.id for a in admitted if a.org == "bulk"]
         # Nothing lost, nothing twice (the whole topic read), in the burst's order.
-        assert bulk == [f"bulk-{i}" for i in range(BURST)]
-        assert [a.id for a in admitted if a.org == "quiet"] == ["quiet-0"]
+        admitted = await _burst_admitted(kafka_settings, service, topics)
         # Most of it went through the backlog, and all of that came back.
         written = _sample(service, "sf_admission_backlog_written_total")
         assert written >= BURST - 2 * AFTER, written
@@ -92,8 +112,7 @@ async def test_a_burst_past_the_bound_waits_in_the_backlog_and_comes_back_in_ord
         order = [a.id for a in admitted]
         assert order.index("quiet-0") < AFTER + ALLOWANCE + 10, order.index("quiet-0")
         # Every offset of both topics committed: nothing left to replay.
-        await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
-        await _until_topic_committed(service, topics.ingress, BURST + 1)
+        await _all_committed(service, topics)
         # The whole topic, to each partition's end: every backlog record written.
         backlog_records = len(await read_settled(kafka_settings, topics.backlog, 0, count=len))
         assert backlog_records >= written / RECORD_ITEMS
@@ -108,9 +127,7 @@ async def test_a_burst_is_not_read_back_while_its_first_records_wait_read_ahead(
     the read-ahead does not hold its first records and as many read back besides); all
     admitted once, in order."""
     topics = Topics(topic_prefix)
-    service = _admission(kafka_settings, _config(tmp_path, topic_prefix),
-                         shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE,
-                         backlog_after_records=AFTER, backlog_from_records=3 * AFTER)
+    service = _shaped(kafka_settings, tmp_path, topic_prefix, from_records=3 * AFTER)
     # What bulk has in the read-ahead (from ingress, or read back) as each backlog
     # fetch is read back.
     waiting: list[int] = []
@@ -123,16 +140,10 @@ async def test_a_burst_is_not_read_back_while_its_first_records_wait_read_ahead(
 
     service._read_back = spy  # type: ignore[method-assign]
     async with running(service):
-        await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
-        await _send_burst(kafka_settings, topics.ingress, BURST)
-        records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
-                                     timeout_s=30)
-        admitted = admitted_in(records)
-        assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
+        await _burst_admitted(kafka_settings, service, topics)
         assert _sample(service, "sf_admission_backlog_written_total") > 0
         assert waiting and max(waiting) < AFTER, waiting
-        await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
-        await _until_topic_committed(service, topics.ingress, BURST + 1)
+        await _all_committed(service, topics)
 
 
 async def test_a_burst_the_read_ahead_holds_below_from_records_is_not_copied(
@@ -140,22 +151,13 @@ async def test_a_burst_the_read_ahead_holds_below_from_records_is_not_copied(
     """The same burst, the read-ahead never holding backlog_from_records: nothing goes to
     the backlog; every request admitted once, in order, quiet's not behind them."""
     topics = Topics(topic_prefix)
-    service = _admission(kafka_settings, _config(tmp_path, topic_prefix),
-                         shape_org_per_s=PER_S, shape_org_burst=ALLOWANCE,
-                         backlog_after_records=AFTER, backlog_from_records=BURST + 1)
+    service = _shaped(kafka_settings, tmp_path, topic_prefix, from_records=BURST + 1)
     async with running(service):
-        await _until(lambda: service.readiness()[0], "the ingress partitions to be assigned")
-        await _send_burst(kafka_settings, topics.ingress, BURST)
-        records = await read_settled(kafka_settings, topics.tier("standard"), BURST + 1,
-                                     timeout_s=30)
-        admitted = admitted_in(records)
-        assert [a.id for a in admitted if a.org == "bulk"] == [f"bulk-{i}" for i in range(BURST)]
-        assert [a.id for a in admitted if a.org == "quiet"] == ["quiet-0"]
+        admitted = await _burst_admitted(kafka_settings, service, topics)
         assert _sample(service, "sf_admission_backlog_written_total") == 0
         order = [a.id for a in admitted]
         assert order.index("quiet-0") < AFTER + ALLOWANCE + 10, order.index("quiet-0")
-        await _until(lambda: service.totals["admitted"] == BURST + 1, "all to be admitted")
-        await _until_topic_committed(service, topics.ingress, BURST + 1)
+        await _all_committed(service, topics)
 
 
 async def test_a_restart_in_the_middle_of_a_backlog_loses_nothing(
