@@ -307,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:<16} {per:>6,.0f} B/request   push {push_s * 1e6:.2f} us/request")
     sample = Entry("req-000000000001", "org1", TIER, 300, deadline=1e9)
     sample.seq = 10**6
-    print(f"  of which (sys.getsizeof; each tuple and the Entry carry 16 B of GC header more): "
+    print(f"  of which (sys.getsizeof; each tuple carries 16 B of GC header more, the "
+          f"Entry none: it is not tracked): "
           f"Entry object {sys.getsizeof(sample)} B + its seq int "
           f"{sys.getsizeof(sample.seq)} B; org-heap item (a 5-tuple) "
           f"{sys.getsizeof((0, 0.0, 0.0, 0, sample))} B; held-id map item (a 2-tuple) "

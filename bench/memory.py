@@ -132,7 +132,7 @@ def breakdown(recs: list[_Record]) -> dict[str, float]:
     """Bytes per request of each structure, built step by step as the intake builds them."""
     from plumbing.offsets import OffsetTracker
     from scheduler.core import Scheduler
-    from scheduler.entry import Entry
+    from scheduler.entry import NO_DEADLINE, Entry
     from scheduler.snapshot import Backlog
 
     config = CONFIG
@@ -153,7 +153,8 @@ def breakdown(recs: list[_Record]) -> dict[str, float]:
     reqs = [_codec.decode(r.value, "msgpack") for r in recs]
     step("payload: decoded AdmittedRequest")
     entries = [Entry(q.id, q.org, q.tier, q.tokens, priority=q.priority,
-                     deadline=None if q.deadline_at_ms is None else q.deadline_at_ms / 1000,
+                     deadline=(NO_DEADLINE if q.deadline_at_ms is None
+                               else q.deadline_at_ms / 1000),
                      arrival=time.time(), payload=q) for q in reqs]
     step("core: Entry")
     for q, e in zip(reqs, entries, strict=True):

@@ -54,7 +54,7 @@ from plumbing.deadletter import send_dead_letter
 from plumbing.kafka import Consumer, KafkaSettings, consumer_lag, make_consumer, stop_consumer
 from plumbing.offsets import OffsetTracker
 from scheduler.core import Scheduler
-from scheduler.entry import Entry
+from scheduler.entry import NO_DEADLINE, Entry
 from scheduler.metrics import SchedulerMetrics
 from scheduler.snapshot import Backlog, HopTime
 from schemas.codec import DecodeError, Format, codec_for, content_type, format_from_headers
@@ -375,7 +375,8 @@ class TierIntake:
         tier = req.tier if req.tier in self._tiers else self._last_tier  # a tier removed by a reload
         req.received_ms = now_ms
         entry = Entry(req.id, req.org, tier, req.tokens, priority=req.priority,
-                      deadline=None if req.deadline_at_ms is None else req.deadline_at_ms / 1000,
+                      deadline=(NO_DEADLINE if req.deadline_at_ms is None
+                                else req.deadline_at_ms / 1000),
                       arrival=now_ms / 1000, payload=req)
         received[tier] = received.get(tier, 0) + 1
         if self.core.push(req.endpoint, entry):

@@ -98,7 +98,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from scheduler.core import Policy, Scheduler
-from scheduler.entry import Entry
+from scheduler.entry import NO_DEADLINE, Entry
 from scheduler.snapshot import half_batch, sets_rate
 from schemas.config import Config, ConfigError, load_config
 from schemas.messages import LaneState, SchedulerState
@@ -473,7 +473,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                 outcomes.append(Outcome(**base, tier=org.tier, status="rejected", reason=reason,
                                         completed_s=r.ts))
                 return
-        deadline = r.ts + r.deadline_ms / 1000.0 if r.deadline_ms is not None else None
+        deadline = (r.ts + r.deadline_ms / 1000.0 if r.deadline_ms is not None
+                    else NO_DEADLINE)
         e = Entry(r.id, r.org, org.tier, r.tokens, priority=r.priority, deadline=deadline,
                   arrival=r.ts, payload=r)
         if not sched.push(r.endpoint, e):

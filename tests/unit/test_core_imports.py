@@ -1,4 +1,5 @@
-"""The scheduler core imports only the standard library and ``schemas``.
+"""The scheduler core imports only the standard library and ``schemas`` (and its
+``Entry`` msgspec, for a record the cyclic collector does not track).
 
 The core (``scheduler/{entry,cost,drr,lane,core,batch_order}.py``) runs unchanged in the
 service, the simulator and the tests because it does no I/O and reads no
@@ -38,17 +39,22 @@ def imported(path: Path) -> set[str]:
     return names
 
 
-def allowed(name: str) -> bool:
+#: What one core module may import beside those, and why: the held request's
+#: record is a msgspec Struct the cyclic collector does not track (its docstring).
+EXTRA = {"entry": {"msgspec"}}
+
+
+def allowed(name: str, module: str = "") -> bool:
     top = name.split(".")[0]
     return (top in sys.stdlib_module_names or top == "schemas"
-            or name in {f"scheduler.{m}" for m in CORE})
+            or name in {f"scheduler.{m}" for m in CORE} or top in EXTRA.get(module, ()))
 
 
 @pytest.mark.parametrize("module", CORE)
 def test_core_module_imports_only_stdlib_schemas_and_the_core(module):
     """Every import in the core module is the standard library, schemas or another core module."""
     names = imported(ROOT / "scheduler" / f"{module}.py")
-    bad = sorted(n for n in names if not allowed(n) or n.split(".")[0] in FORBIDDEN)
+    bad = sorted(n for n in names if not allowed(n, module) or n.split(".")[0] in FORBIDDEN)
     assert not bad, f"scheduler/{module}.py imports {bad}"
 
 
