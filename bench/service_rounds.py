@@ -55,7 +55,8 @@ from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder
 from worker.service import WorkerService, WorkerSettings
 
-__all__ = ["WARM_UP", "Phases", "admission_rounds", "scheduler_rounds", "worker_rounds"]
+__all__ = ["WARM_UP", "Phases", "admission_rounds", "scheduler_rounds", "send_all_tiers",
+           "tier_records", "worker_rounds"]
 
 _MSGPACK = [("content-type", b"application/msgpack")]
 _JSON = [("content-type", b"application/json")]
@@ -307,7 +308,7 @@ class _StubWorker:
         await self.consumer.stop()
 
 
-def _tier_records(config: Config, n: int, words: int,
+def tier_records(config: Config, n: int, words: int,
                   step: int = 100) -> dict[str, list[Record]]:
     """What admission writes for ``n`` requests of its orgs in turn: each step of ``step``
     requests (its ``max_step_records``) as one pack per org (one request alone: a plain
@@ -382,8 +383,13 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
     return relay_s, service_s
 
 
+async def send_all_tiers(kafka: KafkaSettings, by_tier: dict[str, list[Record]]) -> None:
+    """Write each tier topic's records (:func:`tier_records`), the topics side by side."""
+    await asyncio.gather(*(_send_all(kafka, t, recs) for t, recs in by_tier.items()))
+
+
 def _sender(kafka: KafkaSettings, by_tier: dict[str, list[Record]]) -> Callable:
-    return lambda: asyncio.gather(*(_send_all(kafka, t, recs) for t, recs in by_tier.items()))
+    return lambda: send_all_tiers(kafka, by_tier)
 
 
 async def _until(done: Callable[[], bool]) -> None:
@@ -408,7 +414,7 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
                            workers: int, warm_up: int = WARM_UP) -> tuple[float, Phases]:
     """Seconds from the first tier record sent until the stub fleet has read all ``n``, and
     the round's :class:`Phases`; ``warm_up`` requests served first, untimed."""
-    by_tier = _tier_records(config, n, words)
+    by_tier = tier_records(config, n, words)
     service = SchedulerService(config, kafka)
     await service.start()
     task = asyncio.create_task(service.run())
@@ -420,7 +426,7 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
                     await asyncio.sleep(0.05)
             totals = service.totals
             if warm_up > 0:
-                await _sender(kafka, _tier_records(config, warm_up, words))()
+                await _sender(kafka, tier_records(config, warm_up, words))()
                 await bounded(_until(lambda: stub.requests >= warm_up
                                      and totals["dispatched"] >= warm_up), 60,
                               f"the stub fleet to read the {warm_up:,} warm-up requests")
