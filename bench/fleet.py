@@ -56,9 +56,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
-import service_rounds
 from aiokafka.structs import TopicPartition
 
+from bench import service_rounds
 from bench.figures import run_quietly
 from plumbing.bounded import bounded
 from plumbing.heap import settle
@@ -118,10 +118,9 @@ class _Gpu:
         return sum(max(0.0, min(b, until) - max(a, since)) for a, b in self.calls)
 
     def gaps(self, since: float) -> list[float]:
-        """Each wait with nothing in hand between two calls, of the calls ending after
-        ``since`` (seconds)."""
-        ends = [(a, b) for a, b in self.calls if b > since]
-        return [a2 - max(b1, since) for (_, b1), (a2, _) in itertools.pairwise(ends)
+        """Each wait with nothing in hand between two calls, the part of it after
+        ``since`` (seconds): the idle time :meth:`busy_s` leaves, in pieces."""
+        return [a2 - max(b1, since) for (_, b1), (a2, _) in itertools.pairwise(self.calls)
                 if a2 > max(b1, since)]
 
 
