@@ -302,9 +302,9 @@ async def amain(args: argparse.Namespace) -> dict:
     broker = "embedded Tansu" if kafka.bootstrap is None else kafka.bootstrap
     rows: dict[str, dict] = {}
     for workers in fleets:
-        # A broker of its own for each fleet, where embedded: Tansu keeps what the
-        # rounds before wrote (a fleet of 16 after three others was 0.66-0.79 busy
-        # where alone it was 0.91-0.95).
+        # A broker of its own for each fleet, where embedded, so no round runs on
+        # what the rounds before it left there (a fleet of 16 after three others:
+        # 0.46-0.95 busy on one broker, 0.76-0.98 on its own, 0.91-0.98 run alone).
         async with kafka_connected(kafka) as connected:
             config = build_config(
                 base=(ROOT / "examples" / "config.toml").read_text(),
