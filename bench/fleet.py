@@ -56,7 +56,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
-from aiokafka.structs import TopicPartition
 
 from bench import service_rounds
 from bench.figures import run_quietly
@@ -66,7 +65,6 @@ from plumbing.kafka import (
     KafkaSettings,
     add_kafka_arguments,
     kafka_connected,
-    make_consumer,
     make_producer,
     settings_from_args,
 )
@@ -81,18 +79,8 @@ from schemas.topics import Topics
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-_MSGPACK = [("content-type", b"application/msgpack")]
 #: How often each stub says it is alive (a worker's default heartbeat is 1 s).
 BEAT_S = 0.2
-
-
-class _BatchHead(msgspec.Struct):
-    """A batch as a stub reads it: its requests left unparsed."""
-
-    id: str
-    tokens: int
-    requests: list[msgspec.Raw]
-    worker: str = ""
 
 
 @dataclass
@@ -135,7 +123,7 @@ class StubFleet:
         self.gpus = {f"gpu-{i}": _Gpu(f"gpu-{i}", [p for p in range(self.partitions)
                                                     if p % n == i]) for i in range(n)}
         self.ms_per_token, self.overhead_ms = ms_per_token, overhead_ms
-        self._head = msgspec.msgpack.Decoder(_BatchHead)
+        self._head = msgspec.msgpack.Decoder(service_rounds.BatchHead)
         self._event = codec_for(WorkerEvent)
 
     @property
@@ -157,15 +145,12 @@ class StubFleet:
                          released=[b for b in gpu.in_hand if b in gpu.released], **fields)
         self._pending.append(asyncio.ensure_future(self.producer.send(
             self.topics.worker_events, self._event.encode(ev), key=gpu.name.encode(),
-            headers=_MSGPACK)))
+            headers=service_rounds.MSGPACK)))
 
     async def __aenter__(self) -> Self:
         self._pending: list[asyncio.Future] = []
-        self.consumer = make_consumer(self.kafka, group_id=None)
-        await self.consumer.start()
-        tps = [TopicPartition(self.topics.batches("embed"), p) for p in range(self.partitions)]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_beginning(*tps)
+        self.consumer = await service_rounds.batch_reader(self.kafka, self.topics,
+                                                          self.partitions)
         self.producer = make_producer(self.kafka, linger_ms=0)
         await self.producer.start()
         for gpu in self.gpus.values():
@@ -229,11 +214,6 @@ class StubFleet:
         await self.consumer.stop()
 
 
-async def _until(done, every_s: float = 0.005) -> None:
-    while not done():
-        await asyncio.sleep(every_s)
-
-
 async def fleet_round(kafka: KafkaSettings, config: Config, workers: int, args) -> dict:
     """One fleet of ``workers`` fed a backlog of ``args.seconds`` of its capacity."""
     words, per_batch = args.tokens, config.endpoints["embed"].max_batch_size
@@ -251,19 +231,19 @@ async def fleet_round(kafka: KafkaSettings, config: Config, workers: int, args) 
     try:
         async with StubFleet(kafka, config, workers, config.service.worker_slots,
                              args.ms_per_token, args.overhead_ms) as fleet:
-            await bounded(_until(lambda: service.readiness()[0]
+            await bounded(service_rounds.until(lambda: service.readiness()[0]
                                  and len(service.flow.workers) >= len(fleet.gpus)), 30,
                           f"the scheduler to be ready and hear from all {workers} stub GPUs")
             warm = workers * per_batch * 4
             await service_rounds.send_all_tiers(
                 kafka, service_rounds.tier_records(config, warm, words))
-            await bounded(_until(lambda: fleet.requests >= warm), 60,
+            await bounded(service_rounds.until(lambda: fleet.requests >= warm), 60,
                           f"the {workers} stub GPUs to serve the {warm:,} warm-up requests")
             fleet.reset()
             t0 = time.perf_counter()
             await service_rounds.send_all_tiers(kafka, records)
             sent = time.perf_counter()
-            await bounded(_until(lambda: fleet.requests >= n), 60 + 20 * args.seconds,
+            await bounded(service_rounds.until(lambda: fleet.requests >= n), 60 + 20 * args.seconds,
                           f"the {workers} stub GPUs to serve all {n:,} requests")
             gpus = list(fleet.gpus.values())
             first = min(g.calls[0][0] for g in gpus if g.calls)

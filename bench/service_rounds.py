@@ -42,7 +42,7 @@ import msgspec
 from aiokafka.structs import TopicPartition
 
 from plumbing.bounded import bounded
-from plumbing.kafka import KafkaSettings, make_consumer, make_producer
+from plumbing.kafka import Consumer, KafkaSettings, make_consumer, make_producer
 from plumbing.topics import delete_topics, ensure_topics
 from producer.service import AdmissionService, AdmissionSettings
 from scheduler.service import SchedulerService
@@ -55,12 +55,12 @@ from worker.execute import BatchExecutor
 from worker.fake import FakeEmbedder
 from worker.service import WorkerService, WorkerSettings
 
-__all__ = ["WARM_UP", "Phases", "admission_rounds", "scheduler_rounds", "send_all_tiers",
-           "tier_records", "worker_rounds"]
+__all__ = ["MSGPACK", "WARM_UP", "BatchHead", "Phases", "admission_rounds", "batch_reader",
+           "scheduler_rounds", "send_all_tiers", "tier_records", "until", "worker_rounds"]
 
-_MSGPACK = [("content-type", b"application/msgpack")]
+MSGPACK = [("content-type", b"application/msgpack")]
 _JSON = [("content-type", b"application/json")]
-_PACK = [*_MSGPACK, PACK_HEADER]
+_PACK = [*MSGPACK, PACK_HEADER]
 Record = tuple[bytes, bytes | None, list]  # value, key, headers
 
 
@@ -202,7 +202,7 @@ async def admission_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
         await ensure_topics(kafka, {topics.ingress: config.service.ingress_partitions,
                                     tier_topic: config.service.tier_partitions})
         async with _Relay(kafka, topics.ingress,
-                          lambda rec, t=tier_topic: [(t, rec.value, rec.key, _MSGPACK)]):
+                          lambda rec, t=tier_topic: [(t, rec.value, rec.key, MSGPACK)]):
             relay_s.append(await _timed(kafka, lambda t=topics.ingress, rs=records: _send_all(kafka, t, rs),
                                         {tier_topic: config.service.tier_partitions},
                                         _requests_in, n))
@@ -229,13 +229,24 @@ async def admission_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
     return relay_s, service_s
 
 
-class _BatchHead(msgspec.Struct):
-    """A batch as the stub reads it: its requests left unparsed."""
+class BatchHead(msgspec.Struct):
+    """A batch as a stub worker reads it: its requests left unparsed."""
 
     id: str
     tokens: int
     requests: list[msgspec.Raw]
     worker: str = ""
+
+
+async def batch_reader(kafka: KafkaSettings, topics: Topics, partitions: int) -> Consumer:
+    """A started consumer (no group) of every partition of ``embed``'s batch topic, from
+    its start: a stub fleet's."""
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    tps = [TopicPartition(topics.batches("embed"), p) for p in range(partitions)]
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
+    return consumer
 
 
 class _StubWorker:
@@ -251,7 +262,7 @@ class _StubWorker:
         self.requests = 0
         self.batches = 0
         # Only what it reports back: a stub costs the scheduler's bench as little as it can.
-        self._batch = msgspec.msgpack.Decoder(_BatchHead)
+        self._batch = msgspec.msgpack.Decoder(BatchHead)
         self._event = codec_for(WorkerEvent)
 
     def _owned(self, name: str) -> list[int]:
@@ -264,16 +275,12 @@ class _StubWorker:
             slots=self.slots, free_slots=self.slots, sent_ms=int(time.time() * 1000), **fields))
 
     async def __aenter__(self):
-        self.consumer = make_consumer(self.kafka, group_id=None)
-        await self.consumer.start()
-        tps = [TopicPartition(self.topics.batches("embed"), p) for p in range(self.partitions)]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_beginning(*tps)
+        self.consumer = await batch_reader(self.kafka, self.topics, self.partitions)
         self.producer = make_producer(self.kafka, linger_ms=0)
         await self.producer.start()
         for name in self.names:
             await self.producer.send_and_wait(self.topics.worker_events, self._ev("hello", name),
-                                              key=name.encode(), headers=_MSGPACK)
+                                              key=name.encode(), headers=MSGPACK)
         self.tasks = [asyncio.create_task(self._run()), asyncio.create_task(self._beat())]
         return self
 
@@ -282,7 +289,7 @@ class _StubWorker:
             await asyncio.sleep(0.2)
             for name in self.names:
                 await self.producer.send(self.topics.worker_events, self._ev("heartbeat", name),
-                                         key=name.encode(), headers=_MSGPACK)
+                                         key=name.encode(), headers=MSGPACK)
 
     async def _run(self) -> None:
         while True:
@@ -298,7 +305,7 @@ class _StubWorker:
                         self._ev("batch_done", name, batch_id=batch.id,
                                  batch_requests=len(batch.requests), batch_tokens=batch.tokens,
                                  service_ms=0.001, held_ms=0.001),
-                        key=name.encode(), headers=_MSGPACK)
+                        key=name.encode(), headers=MSGPACK)
 
     async def __aexit__(self, *exc):
         for t in self.tasks:
@@ -326,7 +333,7 @@ def tier_records(config: Config, n: int, words: int,
             topic = topics.tier(reqs[0].tier)
             if len(reqs) == 1:
                 by_tier.setdefault(topic, []).append((codec.encode(reqs[0]), org.encode(),
-                                                      _MSGPACK))
+                                                      MSGPACK))
             else:
                 by_tier.setdefault(topic, []).append(
                     (encode_packed([codec.encode(q) for q in reqs]), org.encode(), _PACK))
@@ -342,7 +349,7 @@ def _single_records(config: Config, n: int, words: int) -> dict[str, list[Record
     by_tier: dict[str, list[Record]] = {}
     for q in _admitted(n, orgs, config, words):
         by_tier.setdefault(topics.tier(q.tier), []).append(
-            (codec.encode(q), q.org.encode(), _MSGPACK))
+            (codec.encode(q), q.org.encode(), MSGPACK))
     return by_tier
 
 
@@ -363,7 +370,7 @@ async def scheduler_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, 
         by_tier = _single_records(config, n, words)
         out_topic = f"{topics.prefix}relay-batches"
         await ensure_topics(kafka, {**topics.all(config), out_topic: 4})
-        relays = [_Relay(kafka, t, lambda rec, o=out_topic: [(o, rec.value, rec.key, _MSGPACK)])
+        relays = [_Relay(kafka, t, lambda rec, o=out_topic: [(o, rec.value, rec.key, MSGPACK)])
                   for t in by_tier]
         for relay in relays:
             await relay.__aenter__()
@@ -392,7 +399,7 @@ def _sender(kafka: KafkaSettings, by_tier: dict[str, list[Record]]) -> Callable:
     return lambda: send_all_tiers(kafka, by_tier)
 
 
-async def _until(done: Callable[[], bool]) -> None:
+async def until(done: Callable[[], bool]) -> None:
     """Return once ``done()``, looking every 2 ms (bound it: :func:`bounded`)."""
     while not done():
         await asyncio.sleep(0.002)
@@ -427,7 +434,7 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
             totals = service.totals
             if warm_up > 0:
                 await _sender(kafka, tier_records(config, warm_up, words))()
-                await bounded(_until(lambda: stub.requests >= warm_up
+                await bounded(until(lambda: stub.requests >= warm_up
                                      and totals["dispatched"] >= warm_up), 60,
                               f"the stub fleet to read the {warm_up:,} warm-up requests")
                 stub.requests = 0
@@ -450,7 +457,7 @@ async def _scheduler_round(kafka: KafkaSettings, config: Config, n: int, words: 
             watcher = asyncio.create_task(watch())
             try:
                 await _sender(kafka, by_tier)()
-                await bounded(_until(lambda: stub.requests >= n), 120,
+                await bounded(until(lambda: stub.requests >= n), 120,
                               f"the stub fleet to read all {n:,} requests")
                 seconds = time.perf_counter() - t0
             finally:
@@ -482,7 +489,7 @@ async def _worker_answers(batch: Batch, rcodec) -> list[tuple[str, bytes, bytes,
             s.result.taken_ms = taken
             fmt = s.request.reply_format
             out.append((s.request.reply_to, rcodec.encode(s.result, fmt), s.result.id.encode(),
-                        _MSGPACK if fmt == "msgpack" else _JSON))
+                        MSGPACK if fmt == "msgpack" else _JSON))
     return out
 
 
@@ -500,7 +507,7 @@ async def worker_rounds(kafka: KafkaSettings, config_for: ConfigFor, n: int, wor
                          requests=reqs[i:i + 64], tokens=64 * words,
                          created_ms=int(time.time() * 1000))
                    for i in range(0, n, 64)]
-        records = [(bcodec.encode(b), b.id.encode(), _MSGPACK) for b in batches]
+        records = [(bcodec.encode(b), b.id.encode(), MSGPACK) for b in batches]
         parts = config.endpoints["embed"].partitions
         send = lambda: _send_all(kafka, topics.batches("embed"), records,
                                  lambda i: i % parts)
