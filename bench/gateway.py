@@ -117,7 +117,7 @@ NO_WRK = ("wrk not found on PATH: install it (Debian/Ubuntu: apt-get install wrk
 def _direct_request(i: int) -> Request:
     # What gateway.openai_api.EmbeddingsRoute.call makes of BODY.
     return Request(id=uuid.uuid4().hex, org=ORGS[i % len(ORGS)], endpoint="embed",
-                   input=EmbedInput(texts=[TEXT], normalize=True, embedding_types=["float"],
+                   input=EmbedInput(texts=(TEXT,), normalize=True, embedding_types=["float"],
                                     encoding="base64"),
                    deadline_ms=DEADLINE_MS, created_ms=int(time.time() * 1000))
 

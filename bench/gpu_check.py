@@ -234,7 +234,7 @@ def full_batch_inputs(n_texts: int, lo: int, hi: int, seed: int, per_request: in
     """Embed inputs of ``n_texts`` texts of lo..hi tokens (special tokens included)."""
     rng = random.Random(seed)
     texts = [" ".join(rng.choices(TINY_WORDS, k=rng.randint(lo, hi) - 2)) for _ in range(n_texts)]
-    return [EmbedInput(texts=texts[i:i + per_request]) for i in range(0, n_texts, per_request)]
+    return [EmbedInput(texts=tuple(texts[i:i + per_request])) for i in range(0, n_texts, per_request)]
 
 
 def time_batch(model, batch: Batch, reps: int, warm: int) -> dict:
@@ -352,10 +352,10 @@ def run_checks(report: Report, folder: Path, *, require_cuda: bool, timing: bool
 
     # 4. BatchExecutor end to end, the model in a thread as in the service.
     print("4. BatchExecutor, device vs cpu", flush=True)
-    embed_batch = make_batch([EmbedInput(texts=TEXTS[i:i + 3]) for i in range(0, len(TEXTS), 3)]
-                             + [EmbedInput(texts=[TEXTS[3], TEXTS[0]])])
-    rerank_batch = make_batch([RerankInput(query=QUERY, documents=DOCUMENTS, top_n=4),
-                               RerankInput(query="a dog", documents=DOCUMENTS[::-1])])
+    embed_batch = make_batch([EmbedInput(texts=tuple(TEXTS[i:i + 3])) for i in range(0, len(TEXTS), 3)]
+                             + [EmbedInput(texts=(TEXTS[3], TEXTS[0]))])
+    rerank_batch = make_batch([RerankInput(query=QUERY, documents=tuple(DOCUMENTS), top_n=4),
+                               RerankInput(query="a dog", documents=tuple(DOCUMENTS[::-1]))])
     small = {"max_padded_tokens": 64, "max_size": 3}  # several micro-batches
     for name, model_pair, kind, b in (
         ("embed", (auto, cpu), "embed", embed_batch),
@@ -395,7 +395,7 @@ def run_checks(report: Report, folder: Path, *, require_cuda: bool, timing: bool
     if not timing:
         return
     mixed = make_batch(inputs)
-    full_long = make_batch([EmbedInput(texts=long_texts[i:i + 4]) for i in range(0, 16, 4)])
+    full_long = make_batch([EmbedInput(texts=tuple(long_texts[i:i + 4])) for i in range(0, 16, 4)])
     timings = {}
     for shape, batch in (("mixed 64 texts of 8..120 tokens", mixed),
                          ("16 texts of 256 tokens", full_long)):

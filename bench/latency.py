@@ -121,7 +121,7 @@ def poisson_items(n: int, rate: float, run_id: str, seed: int) -> list[ReplayIte
     for i in range(n):
         items.append(ReplayItem(ts=round(t, 6), tokens=4, request=Request(
             id=f"q{i}", org=ORGS[i % len(ORGS)], endpoint="embed",
-            input=EmbedInput(texts=[f"{run_id}-{i} some words here"]))))
+            input=EmbedInput(texts=(f"{run_id}-{i} some words here",)))))
         t += rng.expovariate(rate)
     return items
 

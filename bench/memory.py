@@ -83,7 +83,7 @@ def records(n: int, *, orgs: int, text_chars: int, seed: int = 0) -> list[_Recor
         org = f"org-{(i * 7919 + seed) % orgs}"
         req = AdmittedRequest(
             id=f"req-{seed}-{i:08d}", org=org, endpoint="embed", tier=tiers[i % 3],
-            input=EmbedInput(texts=[text]), tokens=64, priority=i % 4,
+            input=EmbedInput(texts=(text,)), tokens=64, priority=i % 4,
             deadline_at_ms=now + 60_000 if i % 2 else None, created_ms=now, admitted_ms=now,
             reply_to="sf.replies.client-0123456789ab")
         out.append(_Record("sf.requests." + req.tier, i % 8, i // 8, _codec.encode(req),

@@ -166,7 +166,7 @@ def _requests(n: int, orgs: list[str], words: int, reply_to: str) -> list[Reques
     text = " ".join(["word"] * words)
     run = uuid.uuid4().hex[:6]
     return [Request(id=f"r{i}-{run}", org=orgs[i % len(orgs)], endpoint="embed",
-                    input=EmbedInput(texts=[text]), reply_to=reply_to) for i in range(n)]
+                    input=EmbedInput(texts=(text,)), reply_to=reply_to) for i in range(n)]
 
 
 def _admitted(n: int, orgs: list[str], config: Config, words: int) -> list[AdmittedRequest]:
@@ -175,7 +175,7 @@ def _admitted(n: int, orgs: list[str], config: Config, words: int) -> list[Admit
     text = " ".join(["word"] * words)
     return [AdmittedRequest(id=f"a{i}-{uuid.uuid4().hex[:6]}", org=orgs[i % len(orgs)],
                             endpoint="embed", tier=config.orgs[orgs[i % len(orgs)]].tier,
-                            input=EmbedInput(texts=[text]), tokens=words, created_ms=now,
+                            input=EmbedInput(texts=(text,)), tokens=words, created_ms=now,
                             admitted_ms=now, reply_to=topics.results)
             for i in range(n)]
 

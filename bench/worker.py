@@ -97,7 +97,7 @@ def _encode_calls(encode, calls: list[tuple[list[str], list[int]]]) -> None:
 async def pipeline_round(kafka, config: Config, texts: list[str]) -> tuple[float, float]:
     """Seconds from the first send to the last result, and the worker's model seconds."""
     items = [ReplayItem(ts=0.0, tokens=0, request=Request(
-        id=f"t{i}", org=ORGS[i % len(ORGS)], endpoint="embed", input=EmbedInput(texts=[t])))
+        id=f"t{i}", org=ORGS[i % len(ORGS)], endpoint="embed", input=EmbedInput(texts=(t,))))
         for i, t in enumerate(texts)]
     run = await replay(kafka, config, items, ReplaySettings(
         timeout_s=600, progress=False, samples=False, lead_s=0.05))

@@ -204,7 +204,7 @@ class EmbedRoute(_Cohere):
         asked = list(dict.fromkeys(body.embedding_types or ["float"]))
         types = list(dict.fromkeys(_PIPELINE_TYPE[t] for t in asked))
         input_type = body.input_type if ep.prompts else None
-        inp = EmbedInput(texts=texts, input_type=input_type, dimensions=body.output_dimension,
+        inp = EmbedInput(texts=tuple(texts), input_type=input_type, dimensions=body.output_dimension,
                          embedding_types=types, encoding="base64",
                          truncate=body.truncate or "end")
         priority = cohere_priority(body.priority, catalog.priority_cap(org, body.model))
@@ -236,7 +236,7 @@ class RerankRoute(_Cohere):
     def call(self, body: RerankRequest, org: str, catalog: Catalog) -> Call | Failure:
         if catalog.kind_of(body.model) != "rerank":
             return _wrong_model(body.model, "rerank")
-        inp = RerankInput(query=body.query, documents=body.documents, top_n=body.top_n,
+        inp = RerankInput(query=body.query, documents=tuple(body.documents), top_n=body.top_n,
                           max_tokens_per_doc=body.max_tokens_per_doc)
         priority = cohere_priority(body.priority, catalog.priority_cap(org, body.model))
         return Call(body.model, inp, priority)

@@ -130,7 +130,7 @@ class EmbeddingsRoute(_OpenAI):
             return Failure(400, "invalid_input",
                            "input must be a string or a list of strings: token ids are not "
                            "accepted, send the text", "input")
-        inp = EmbedInput(texts=texts, dimensions=body.dimensions, normalize=True,
+        inp = EmbedInput(texts=tuple(texts), dimensions=body.dimensions, normalize=True,
                          embedding_types=["float"], encoding="base64")
         return Call(body.model, inp, 0, {"base64": body.encoding_format == "base64"})
 

@@ -146,7 +146,7 @@ class EmbedRoute(_Tei):
         if catalog.tei_embed is None:
             return _no_endpoint("embed")
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        inp = EmbedInput(texts=texts, normalize=body.normalize, dimensions=body.dimensions,
+        inp = EmbedInput(texts=tuple(texts), normalize=body.normalize, dimensions=body.dimensions,
                          prompt_name=body.prompt_name, embedding_types=["float"],
                          encoding="base64",
                          truncate=_truncate(body.truncate, body.truncation_direction))
@@ -167,7 +167,7 @@ class RerankRoute(_Tei):
     def call(self, body: RerankRequest, org: str, catalog: Catalog) -> Call | Failure:
         if catalog.tei_rerank is None:
             return _no_endpoint("rerank")
-        inp = RerankInput(query=body.query, documents=body.texts,
+        inp = RerankInput(query=body.query, documents=tuple(body.texts),
                           truncate=_truncate(body.truncate, body.truncation_direction))
         return Call(catalog.tei_rerank, inp, 0, {"texts": body.texts if body.return_text
                                                  else None})

@@ -93,7 +93,10 @@ class EmbedInput(Message, kw_only=True, tag="embed"):
     alone, from ``input_type``/``prompt_name`` and the endpoint's prompts.
     """
 
-    texts: Annotated[list[str], Meta(min_length=1)]
+    #: A tuple, not a list: a tuple of strings is not tracked by the garbage
+    #: collector once a collection has seen it, so the requests a scheduler
+    #: holds add nothing to a full collection's walk (``Message``).
+    texts: Annotated[tuple[str, ...], Meta(min_length=1)]
     input_type: PromptName | None = None
     prompt_name: PromptName | None = None
     truncate: Truncate = "end"
@@ -108,7 +111,7 @@ class RerankInput(Message, kw_only=True, tag="rerank"):
     """A query and the documents to score against it; one score per document."""
 
     query: str
-    documents: Annotated[list[str], Meta(min_length=1)]
+    documents: Annotated[tuple[str, ...], Meta(min_length=1)]  # a tuple: as ``EmbedInput.texts``
     top_n: Annotated[int, Meta(ge=1, le=2**63 - 1)] | None = None
     #: Options (:mod:`schemas.options`): cut each document to this many tokens,
     #: send the documents back with the ranking, which end to truncate.

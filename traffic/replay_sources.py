@@ -120,10 +120,10 @@ def items_from_trace(records: Sequence[TraceRecord], config: Config,
         tokens = r.tokens
         if r.texts is not None and kind == "rerank":
             query = r.query if r.query is not None else synth.rerank(1, r.id)[0]
-            inp: EmbedInput | RerankInput = RerankInput(query=query, documents=r.texts)
+            inp: EmbedInput | RerankInput = RerankInput(query=query, documents=tuple(r.texts))
             tokens = synth.count(inp)
         elif r.texts is not None:
-            inp = EmbedInput(texts=r.texts)
+            inp = EmbedInput(texts=tuple(r.texts))
             tokens = synth.count(inp)
         else:
             inp = synth.make_input(kind, r.tokens, r.id)
@@ -151,8 +151,8 @@ def options_of(inp: Input) -> RequestOptions | None:
     """The options a request's input carries (those not at their defaults), for a trace line."""
     given = {name: getattr(inp, name) for name in RequestOptions.__struct_fields__
              if hasattr(inp, name)}
-    defaults = EmbedInput(texts=[""]) if isinstance(inp, EmbedInput) else \
-        RerankInput(query="", documents=[""])
+    defaults = EmbedInput(texts=("",)) if isinstance(inp, EmbedInput) else \
+        RerankInput(query="", documents=("",))
     given = {k: v for k, v in given.items() if v != getattr(defaults, k)}
     return RequestOptions(**given) if given else None
 

@@ -135,8 +135,8 @@ class TextSynth:
         """An :class:`EmbedInput` or :class:`RerankInput` of ``tokens`` tokens."""
         if kind == "rerank":
             query, docs = self.rerank(tokens, seed)
-            return RerankInput(query=query, documents=docs)
-        return EmbedInput(texts=self.embed(tokens, seed))
+            return RerankInput(query=query, documents=tuple(docs))
+        return EmbedInput(texts=tuple(self.embed(tokens, seed)))
 
     def count(self, inp: Input) -> int:
         """Tokens of ``inp`` as admission counts them (at least 1)."""

@@ -108,7 +108,7 @@ class MicrobatchStats:
 @dataclass
 class _Pending:
     req: AdmittedRequest
-    texts: list[str] = field(default_factory=list)
+    texts: Sequence[str] = ()
     vectors: list[Any] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     options: EncodeOptions = DEFAULT_OPTIONS

@@ -91,9 +91,9 @@ def admitted_from(rng: random.Random) -> AdmittedRequest:
     """Any AdmittedRequest the schema allows (not only what admission would emit)."""
     if rng.random() < 0.5:
         inp: EmbedInput | RerankInput = EmbedInput(
-            texts=[text_from(rng) for _ in range(rng.randint(1, 5))])
+            texts=tuple(text_from(rng) for _ in range(rng.randint(1, 5))))
     else:
-        inp = RerankInput(query=text_from(rng), documents=[text_from(rng) for _ in range(rng.randint(1, 5))],
+        inp = RerankInput(query=text_from(rng), documents=tuple(text_from(rng) for _ in range(rng.randint(1, 5))),
                           top_n=rng.choice([None, 1, 3, 2**63 - 1]))
     return AdmittedRequest(
         id=_name(rng, _ID_CHARS, 128), org=_name(rng), endpoint=rng.choice(["embed", "rerank",

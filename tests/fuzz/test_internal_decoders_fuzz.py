@@ -217,7 +217,8 @@ def _poisoned_batch(rng: random.Random) -> Batch:
     for _ in range(rng.randint(0, 6)):
         r = admitted_from(rng)
         poison = rng.choice(["none", "boom", "tokboom", "empty", "long", "many", "dup"])
-        texts = r.input.texts if isinstance(r.input, EmbedInput) else r.input.documents
+        field = "texts" if isinstance(r.input, EmbedInput) else "documents"
+        texts = list(getattr(r.input, field))
         if poison == "boom":
             texts[rng.randrange(len(texts))] += " BOOM"
         elif poison == "tokboom":
@@ -228,8 +229,11 @@ def _poisoned_batch(rng: random.Random) -> Batch:
             texts[0] = " ".join(["w"] * rng.choice([300, 3_000]))
         elif poison == "many":
             texts.extend(["a b"] * 150)
-        elif poison == "dup" and reqs:
+        if poison == "dup" and reqs:
             r = reqs[-1]
+        else:
+            r = msgspec.structs.replace(
+                r, input=msgspec.structs.replace(r.input, **{field: tuple(texts)}))
         # Far from now either way, so that expiry is decided by the data, not the clock.
         r = msgspec.structs.replace(r, deadline_at_ms=rng.choice([None, 1, NOW_MS * 10]))
         reqs.append(r)

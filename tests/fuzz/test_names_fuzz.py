@@ -27,7 +27,7 @@ from schemas.packs import encode_packed, unpack_requests
 from tests.fuzz.hostile import fuzz_settings
 
 _codec = codec_for(AdmittedRequest)
-_INPUT = msgspec.to_builtins(EmbedInput(texts=["hi"]))
+_INPUT = msgspec.to_builtins(EmbedInput(texts=("hi",)))
 _FIELDS = ("id", "org", "endpoint", "reply_to")
 
 #: Names that pass every pattern, and strings close to them that do not (a
@@ -81,7 +81,7 @@ def test_a_pack_decodes_to_what_each_item_decoded_strictly_gives(pack):
 
 def test_a_decoded_request_is_one_equal_to_the_one_packed():
     req = AdmittedRequest(id="r1", org="acme", endpoint="embed", tier="t0",
-                          input=EmbedInput(texts=["hi"]), tokens=2, created_ms=1,
+                          input=EmbedInput(texts=("hi",)), tokens=2, created_ms=1,
                           admitted_ms=1, reply_to="sf.replies.x")
     [item] = unpack_requests(encode_packed([_codec.encode(req)]))
     got = item.value

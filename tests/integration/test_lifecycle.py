@@ -149,7 +149,7 @@ def admitted(prefix: str, i: int, *, expired: bool = False, words: int = 3) -> A
     now = int(time.time() * 1000)
     return AdmittedRequest(
         id=f"r{i}-{uuid.uuid4().hex[:6]}", org="acme", endpoint="embed", tier="gold",
-        input=EmbedInput(texts=[" ".join(["word"] * words)]), tokens=words,
+        input=EmbedInput(texts=(" ".join(["word"] * words),)), tokens=words,
         deadline_at_ms=now - 1000 if expired else None, created_ms=now - 2000,
         admitted_ms=now - 2000, reply_to=f"{prefix}results", reply_format="msgpack")
 

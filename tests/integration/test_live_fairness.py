@@ -46,7 +46,7 @@ def _items() -> list[ReplayItem]:
     def item(rid: str, org: str, ts: float) -> ReplayItem:
         return ReplayItem(ts=ts, tokens=8, request=Request(
             id=rid, org=org, endpoint="embed",
-            input=EmbedInput(texts=[" ".join(f"w{rid}x{k}" for k in range(8))])))
+            input=EmbedInput(texts=(" ".join(f"w{rid}x{k}" for k in range(8)),))))
     out = [item(f"b{i}", BURST, 0.0) for i in range(BURST_SIZE)]
     out += [item(f"{org}-{i}", org, 0.2 + 0.4 * i) for org in QUIET for i in range(PER_QUIET)]
     return sorted(out, key=lambda it: it.ts)

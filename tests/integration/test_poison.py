@@ -227,7 +227,7 @@ def _request(rid: str, topics: Topics, *, inp=None, deadline_at_ms=None,
              fmt: str = "msgpack") -> AdmittedRequest:
     now = int(time.time() * 1000)
     return AdmittedRequest(id=rid, org="acme", endpoint="embed", tier="gold",
-                           input=inp or EmbedInput(texts=["hello world"]), tokens=2,
+                           input=inp or EmbedInput(texts=("hello world",)), tokens=2,
                            deadline_at_ms=deadline_at_ms, created_ms=now, admitted_ms=now,
                            reply_to=topics.results, reply_format=fmt)
 
@@ -242,15 +242,15 @@ def _poisoned_batches(topics: Topics, rng: random.Random, n: int) -> list[Batch]
             rid = f"p{b}-{k}"
             trouble = rng.choice(["kind", "expired", "empty", "long", "many", "dup", "json"])
             if trouble == "kind":
-                reqs.append(_request(rid, topics, inp=RerankInput(query="q", documents=["d"])))
+                reqs.append(_request(rid, topics, inp=RerankInput(query="q", documents=("d",))))
             elif trouble == "expired":
                 reqs.append(_request(rid, topics, deadline_at_ms=1))
             elif trouble == "empty":
-                reqs.append(_request(rid, topics, inp=EmbedInput(texts=["", " "])))
+                reqs.append(_request(rid, topics, inp=EmbedInput(texts=("", " "))))
             elif trouble == "long":
-                reqs.append(_request(rid, topics, inp=EmbedInput(texts=["w " * 3000])))
+                reqs.append(_request(rid, topics, inp=EmbedInput(texts=("w " * 3000,))))
             elif trouble == "many":
-                reqs.append(_request(rid, topics, inp=EmbedInput(texts=["a b"] * 150)))
+                reqs.append(_request(rid, topics, inp=EmbedInput(texts=("a b",) * 150)))
             elif trouble == "dup" and reqs:
                 reqs.append(reqs[-1])
             else:

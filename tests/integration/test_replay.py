@@ -41,8 +41,8 @@ def window_requests(name: str, start_ms: int, prefix: str) -> list[tuple[int, Re
     out = []
     for i in range(12):
         org = ("acme", "bulkcorp", "quiet-1")[i % 3]
-        inp = (EmbedInput(texts=[f"{name} text {i}", "second"]) if i % 4 else
-               RerankInput(query=f"{name} query {i}", documents=["a b", "c"]))
+        inp = (EmbedInput(texts=(f"{name} text {i}", "second")) if i % 4 else
+               RerankInput(query=f"{name} query {i}", documents=("a b", "c")))
         out.append((start_ms + 50 * i, Request(
             id=f"{name}-{i}", org=org, endpoint="rerank" if i % 4 == 0 else "embed", input=inp,
             priority=i % 3, deadline_ms=5_000 + i, created_ms=start_ms + 50 * i,

@@ -71,7 +71,7 @@ def test_no_options_cost_and_input_as_before():
     out = run(embed(["a b c", "d"]))
     assert isinstance(out, Admitted)
     assert out.request.tokens == 4
-    assert out.request.input == EmbedInput(texts=["a b c", "d"])
+    assert out.request.input == EmbedInput(texts=("a b c", "d"))
 
 
 def test_prompt_resolved_from_input_type_or_prompt_name_and_counted():
@@ -210,6 +210,6 @@ def test_config_prompts_only_on_embed_endpoints():
 
 def test_rerank_input_defaults_stay_off_the_wire():
     """Options at their defaults are not encoded: an old reader sees the same message."""
-    assert msgspec.json.encode(RerankInput(query="q", documents=["d"])) == \
+    assert msgspec.json.encode(RerankInput(query="q", documents=("d",))) == \
         b'{"type":"rerank","query":"q","documents":["d"]}'
-    assert msgspec.json.encode(EmbedInput(texts=["t"])) == b'{"type":"embed","texts":["t"]}'
+    assert msgspec.json.encode(EmbedInput(texts=("t",))) == b'{"type":"embed","texts":["t"]}'

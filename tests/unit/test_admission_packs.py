@@ -12,7 +12,7 @@ _codec = codec_for(AdmittedRequest)
 
 def _send(i: int, words: int = 1) -> _Send:
     req = AdmittedRequest(id=f"r{i}", org="acme", endpoint="embed", tier="standard",
-                          input=EmbedInput(texts=[" ".join(["w"] * words)]), tokens=words,
+                          input=EmbedInput(texts=(" ".join(["w"] * words),)), tokens=words,
                           created_ms=1, admitted_ms=1, reply_to="sf.results")
     return _Send("sf.requests.standard", _codec.encode(req), b"acme",
                  [("content-type", b"application/msgpack")], "admitted", record=f"rec{i}",

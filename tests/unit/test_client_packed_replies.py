@@ -122,7 +122,7 @@ async def test_the_client_asks_for_packs_on_its_own_reply_topic_only():
     body = {"org": "acme", "endpoint": "embed", "input": {"type": "embed", "texts": ["x"]}}
     own = FairnessClient(kafka, "sf.")
     assert (await _submitted(own, body)).reply_packed is True
-    req = Request(id="q", org="acme", endpoint="embed", input=EmbedInput(texts=["x"]))
+    req = Request(id="q", org="acme", endpoint="embed", input=EmbedInput(texts=("x",)))
     assert (await _submitted(own, req)).reply_packed is True
     # Another reply topic: the request says, not this client (it does not read it).
     elsewhere = await _submitted(own, {**body, "reply_to": "sf.replies.else"})
@@ -134,7 +134,7 @@ async def test_the_client_asks_for_packs_on_its_own_reply_topic_only():
     assert (await _submitted(off, {**body, "reply_packed": True})).reply_packed is False
     # A given topic of its own (the gateway's): packed; the shared results topic: never.
     given = FairnessClient(kafka, "sf.", "sf.replies.gateway-x")
-    req = Request(id="q", org="acme", endpoint="embed", input=EmbedInput(texts=["x"]),
+    req = Request(id="q", org="acme", endpoint="embed", input=EmbedInput(texts=("x",)),
                   reply_to=given.reply_topic)
     assert (await _submitted(given, req)).reply_packed is True
     shared = FairnessClient(kafka, "sf.", "sf.results")

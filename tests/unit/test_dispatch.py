@@ -19,7 +19,7 @@ CONFIG = build_config(worker_slots=2, orgs={"bulk": "free", "quiet": "free"},
 
 def _entry(i: int, org: str, tokens: int = 2, deadline_s: float | None = None) -> Entry:
     req = AdmittedRequest(id=f"r{i}", org=org, endpoint="embed", tier="free",
-                          input=EmbedInput(texts=["x"]), tokens=tokens, created_ms=1,
+                          input=EmbedInput(texts=("x",)), tokens=tokens, created_ms=1,
                           admitted_ms=1, reply_to="sf.results",
                           deadline_at_ms=None if deadline_s is None else int(deadline_s * 1000))
     return Entry(req.id, org, "free", tokens, deadline=deadline_s, arrival=i, payload=req)

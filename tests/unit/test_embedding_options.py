@@ -131,7 +131,7 @@ async def test_each_option_reaches_the_model():
     long = " ".join(f"w{i}" for i in range(12))
     cases = [
         (EmbedInput(texts=TEXTS, prompt="find: "), EncodeOptions(prompt="find: ")),
-        (EmbedInput(texts=[long], truncate="start"), EncodeOptions(truncate="start")),
+        (EmbedInput(texts=(long,), truncate="start"), EncodeOptions(truncate="start")),
         (EmbedInput(texts=TEXTS, normalize=False), EncodeOptions(normalize=False)),
         (EmbedInput(texts=TEXTS, dimensions=4, normalize=True),
          EncodeOptions(dimensions=4, normalize=True)),
@@ -160,8 +160,8 @@ async def test_requests_with_different_options_share_no_model_call():
             return super().encode(texts, lengths=lengths, options=options)
 
     ex = BatchExecutor(Counting(dim=8), "embed", worker="w", inline=True)
-    await serve(ex, EmbedInput(texts=["a", "b"]), EmbedInput(texts=["c"], dimensions=2),
-                EmbedInput(texts=["d"]))
+    await serve(ex, EmbedInput(texts=("a", "b")), EmbedInput(texts=("c",), dimensions=2),
+                EmbedInput(texts=("d",)))
     assert sorted(calls, key=lambda c: c[0]) == [(1, EncodeOptions(dimensions=2)),
                                                  (3, EncodeOptions())]
 
@@ -195,10 +195,10 @@ async def test_calibration_follows_the_options_that_move_the_ranges():
                          options=EncodeOptions(dimensions=4, normalize=True)).vectors
     floats = model.encode(TEXTS, options=EncodeOptions(dimensions=4, normalize=True)).vectors
     assert r.embeddings_by_type["int8"] == quantize(floats, "int8", ranges_of(calib)).tolist()
-    await serve(ex, inp, EmbedInput(texts=["x"], embedding_types=["uint8"], dimensions=4,
+    await serve(ex, inp, EmbedInput(texts=("x",), embedding_types=["uint8"], dimensions=4,
                                     normalize=True))
     assert ex.calibration.computed == 1
-    await serve(ex, EmbedInput(texts=["x"], embedding_types=["uint8"]))
+    await serve(ex, EmbedInput(texts=("x",), embedding_types=["uint8"]))
     assert ex.calibration.computed == 2
 
 
@@ -206,9 +206,9 @@ async def test_worker_refuses_what_admission_should_have():
     """dimensions above the model and truncate=none on a long text are invalid, alone."""
     _, ex = embedder()
     long = " ".join(["w"] * 9)
-    too_big, too_long, fine = await serve(ex, EmbedInput(texts=["a"], dimensions=17),
-                                          EmbedInput(texts=["a", long], truncate="none"),
-                                          EmbedInput(texts=[long]))
+    too_big, too_long, fine = await serve(ex, EmbedInput(texts=("a",), dimensions=17),
+                                          EmbedInput(texts=("a", long), truncate="none"),
+                                          EmbedInput(texts=(long,)))
     assert (too_big.status, too_big.reason) == ("invalid", "dimensions_too_large")
     assert "input.dimensions = 17" in too_big.message and "16" in too_big.message
     assert (too_long.status, too_long.reason) == ("invalid", "input_too_long")
@@ -226,8 +226,8 @@ async def test_failed_calibration_fails_only_the_requests_that_need_it():
             return super().encode(texts, lengths=lengths, options=options)
 
     ex = BatchExecutor(NoCalibration(), "embed", worker="w", inline=True)
-    bad, good = await serve(ex, EmbedInput(texts=["a"], embedding_types=["int8"]),
-                            EmbedInput(texts=["a"], embedding_types=["binary"]))
+    bad, good = await serve(ex, EmbedInput(texts=("a",), embedding_types=["int8"]),
+                            EmbedInput(texts=("a",), embedding_types=["binary"]))
     assert bad.status == "failed" and "calibration failed" in bad.message
     assert good.status == "ok" and good.embeddings_by_type["binary"]
 
@@ -257,9 +257,9 @@ async def test_rerank_truncate():
     model, ex = reranker(max_seq_length=3)
     long = "a b c fish"
     start, none, end = await serve(
-        ex, RerankInput(query="fish", documents=[long], truncate="start"),
-        RerankInput(query="fish", documents=["fish", long], truncate="none"),
-        RerankInput(query="fish", documents=[long]))
+        ex, RerankInput(query="fish", documents=(long,), truncate="start"),
+        RerankInput(query="fish", documents=("fish", long), truncate="none"),
+        RerankInput(query="fish", documents=(long,)))
     assert start.scores == model.score("fish", ["b c fish"]).scores
     assert end.scores == model.score("fish", ["a b c"]).scores != start.scores
     assert (none.status, none.reason) == ("invalid", "input_too_long")
@@ -269,5 +269,5 @@ async def test_rerank_truncate():
 async def test_rerank_truncate_none_refuses_a_long_query_after_the_fact():
     """A cosine reranker's query is not in its token lengths: its cut still refuses the request."""
     _, ex = reranker(max_seq_length=2)
-    (r,) = await serve(ex, RerankInput(query="a b c", documents=["d"], truncate="none"))
+    (r,) = await serve(ex, RerankInput(query="a b c", documents=("d",), truncate="none"))
     assert (r.status, r.reason) == ("invalid", "input_too_long")

@@ -41,7 +41,7 @@ CONFIG = build_config(worker_slots=4, orgs={"bulk": "free", "quiet": "free", "ca
 
 def _entry(i: int, org: str, tokens: int = 2) -> Entry:
     req = AdmittedRequest(id=f"r{i}", org=org, endpoint="embed", tier="free",
-                          input=EmbedInput(texts=["x"]), tokens=tokens, created_ms=1,
+                          input=EmbedInput(texts=("x",)), tokens=tokens, created_ms=1,
                           admitted_ms=1, reply_to="sf.results")
     return Entry(req.id, org, "free", tokens, arrival=i, payload=req)
 
@@ -233,8 +233,8 @@ async def test_an_urgent_call_runs_before_the_calls_waiting_but_after_the_one_ru
 
 
 def _one(n: int, text: str, kind: str, *, express: bool = False) -> Batch:
-    inp = (EmbedInput(texts=[text]) if kind == "embed"
-           else RerankInput(query=text, documents=[f"{text} doc"]))
+    inp = (EmbedInput(texts=(text,)) if kind == "embed"
+           else RerankInput(query=text, documents=(f"{text} doc",)))
     req = AdmittedRequest(id=f"r{n}", org=f"o{n}", endpoint="e", tier="free", input=inp,
                           tokens=2, created_ms=1, admitted_ms=1, reply_to="sf.results")
     return Batch(id=f"b{n}", endpoint="e", requests=[req], tokens=2, created_ms=1,

@@ -115,7 +115,7 @@ def test_openai_input_and_model_mapping():
     call = route.call(_decode(route, {"model": "embed", "input": "hi", "dimensions": 8}),
                       "acme", cat)
     assert isinstance(call, Call) and call.endpoint == "embed"
-    assert call.input == EmbedInput(texts=["hi"], dimensions=8, normalize=True,
+    assert call.input == EmbedInput(texts=("hi",), dimensions=8, normalize=True,
                                     embedding_types=["float"], encoding="base64")
     for model, status in (("nope", 404), ("rerank", 404)):
         f = route.call(_decode(route, {"model": model, "input": "hi"}), "acme", cat)
@@ -134,7 +134,7 @@ def test_openai_answer_in_float_or_base64():
     result = Result(id="r", status="ok", tokens=7,
                     embeddings_packed={"float": [v.tobytes() for v in vecs]})
     for b64 in (False, True):
-        out = route.answer(result, Call("embed", EmbedInput(texts=["a", "b"]), 0,
+        out = route.answer(result, Call("embed", EmbedInput(texts=("a", "b")), 0,
                                         {"base64": b64}), catalog())
         got = [np.frombuffer(base64.b64decode(d.embedding), "<f4") if b64 else
                np.array(d.embedding, dtype="<f4") for d in out.data]
@@ -160,7 +160,7 @@ def test_cohere_embed_mapping():
                                       "inputs": [{"content": [{"type": "text", "text": "a"},
                                                               {"type": "text", "text": "b"}]}]}),
                       "acme", cat)
-    assert call.input.texts == ["a b"] and call.input.input_type is None and call.priority == 0
+    assert call.input.texts == ("a b",) and call.input.input_type is None and call.priority == 0
     for body, param in (({"images": ["data:x"], "texts": ["a"]}, "images"),
                         ({"inputs": [{"content": [{"type": "image_url",
                                                    "image_url": {"url": "x"}}]}]},
@@ -183,7 +183,7 @@ def test_cohere_embed_answer_by_type():
     result = Result(id="abc", status="ok", tokens=3, embeddings_packed={
         "float": [vec[0].tobytes()], "int8": [int8[0].tobytes()],
         "ubinary": [ubinary[0].tobytes()]})
-    call = Call("embed", EmbedInput(texts=["t"]), 0,
+    call = Call("embed", EmbedInput(texts=("t",)), 0,
                 {"types": ["float", "int8", "ubinary", "base64"], "texts": ["t"]})
     out = msgspec.json.decode(msgspec.json.encode(route.answer(result, call, catalog())))
     assert out["id"] == "abc" and out["texts"] == ["t"]
@@ -201,7 +201,7 @@ def test_cohere_rerank_mapping_and_answer():
     call = route.call(_decode(route, {"model": "rerank", "query": "q", "documents": ["a", "b"],
                                       "top_n": 1, "max_tokens_per_doc": 5, "priority": 999}),
                       "acme", cat)
-    assert call.input == RerankInput(query="q", documents=["a", "b"], top_n=1,
+    assert call.input == RerankInput(query="q", documents=("a", "b"), top_n=1,
                                      max_tokens_per_doc=5)
     assert route.call(_decode(route, {"model": "embed", "query": "q", "documents": ["a"]}),
                       "acme", cat).status == 404

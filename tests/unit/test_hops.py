@@ -33,7 +33,7 @@ from tests.unit.test_intake_yield import CONFIG, TOPICS, TP
 
 def _record(offset: int, admitted_ms: int) -> ConsumerRecord:
     req = AdmittedRequest(id=f"r-{offset}", org="o", endpoint=ENDPOINT, tier="t0",
-                          input=EmbedInput(texts=["hi"]), tokens=1, created_ms=admitted_ms,
+                          input=EmbedInput(texts=("hi",)), tokens=1, created_ms=admitted_ms,
                           admitted_ms=admitted_ms, reply_to=TOPICS.results)
     value = codec_for(AdmittedRequest).encode(req, "json")
     return ConsumerRecord(topic=TP.topic, partition=TP.partition, offset=offset,

@@ -34,7 +34,7 @@ def _pack(offset: int, orgs: list[str]) -> ConsumerRecord:
     now = int(time.time() * 1000)
     items = [_codec.encode(AdmittedRequest(
         id=f"r-{offset}-{i}", org=org, endpoint=ENDPOINT, tier="t0",
-        input=EmbedInput(texts=["hi"]), tokens=2, created_ms=now, admitted_ms=now,
+        input=EmbedInput(texts=("hi",)), tokens=2, created_ms=now, admitted_ms=now,
         reply_to=TOPICS.results)) for i, org in enumerate(orgs)]
     value = encode_packed(items)
     return ConsumerRecord(topic=TP.topic, partition=TP.partition, offset=offset, timestamp=now,

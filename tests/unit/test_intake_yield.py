@@ -35,7 +35,7 @@ TP = TopicPartition(TOPICS.tier("t0"), 0)
 def _record(offset: int) -> ConsumerRecord:
     now = int(time.time() * 1000)
     req = AdmittedRequest(id=f"r-{offset}", org="o", endpoint=ENDPOINT, tier="t0",
-                          input=EmbedInput(texts=["hi"]), tokens=1, created_ms=now,
+                          input=EmbedInput(texts=("hi",)), tokens=1, created_ms=now,
                           admitted_ms=now, reply_to=TOPICS.results)
     value = codec_for(AdmittedRequest).encode(req, "json")
     return ConsumerRecord(topic=TP.topic, partition=TP.partition, offset=offset, timestamp=now,

@@ -26,7 +26,7 @@ WALL0 = 1_700_000_000.0
 
 
 def item(i: int, org: str = "quiet-1", tokens: int = 10) -> ReplayItem:
-    req = Request(id=f"orig-{i}", org=org, endpoint="embed", input=EmbedInput(texts=["x"]))
+    req = Request(id=f"orig-{i}", org=org, endpoint="embed", input=EmbedInput(texts=("x",)))
     return ReplayItem(ts=i * 0.1, request=req, tokens=tokens)
 
 

@@ -55,9 +55,9 @@ def test_trace_lines_become_requests_of_the_endpoint_kind():
     assert synth_for("embed").count(e1.request.input) == 40
     assert isinstance(r1.request.input, RerankInput)
     assert synth_for("rerank").count(r1.request.input) == 90
-    assert t1.request.input.texts == ["hello there world"]
+    assert t1.request.input.texts == ("hello there world",)
     assert t1.tokens == 3  # admission's count, not the trace's estimate
-    assert t2.request.input == RerankInput(query="q", documents=["a b", "c d e"])
+    assert t2.request.input == RerankInput(query="q", documents=("a b", "c d e"))
     assert t2.tokens == 7
     assert isinstance(u1.request.input, EmbedInput)  # admission will call it invalid
     assert [it.ts for it in items.values()] == [0.0, 0.5, 1.0, 1.5, 2.0]
@@ -65,7 +65,7 @@ def test_trace_lines_become_requests_of_the_endpoint_kind():
 
 def test_to_trace_scales_time_by_speed_and_keeps_ids():
     """The replayed items as a trace: ts divided by the speed, original ids and tokens kept."""
-    req = Request(id="x-1", org="acme", endpoint="embed", input=EmbedInput(texts=["a"]),
+    req = Request(id="x-1", org="acme", endpoint="embed", input=EmbedInput(texts=("a",)),
                   priority=2, deadline_ms=500)
     recs = to_trace([ReplayItem(ts=3.0, request=req, tokens=17)], speed=2.0)
     assert recs == [TraceRecord(ts=1.5, org="acme", endpoint="embed", tokens=17, id="x-1",

@@ -46,7 +46,7 @@ def test_options_are_read_and_replayed_into_the_input():
                                              embedding_types=["int8", "float"],
                                              encoding="base64", input_type="q")
     embed, rerank, plain = (it.request.input for it in items_from_trace(recs, CONFIG, synth_for))
-    assert embed == EmbedInput(texts=["hello"], truncate="NONE", dimensions=64,
+    assert embed == EmbedInput(texts=("hello",), truncate="NONE", dimensions=64,
                                embedding_types=["int8", "float"], encoding="base64",
                                input_type="q")
     assert isinstance(rerank, RerankInput)
@@ -81,7 +81,7 @@ def test_options_of_the_other_kind_stop_the_replay_with_a_clear_error():
 def test_replayed_traffic_keeps_its_options_in_the_trace_it_writes(tmp_path):
     """to_trace writes a request's options, and reading the file gives them back."""
     req = Request(id="a", org="acme", endpoint="embed",
-                  input=EmbedInput(texts=["t"], dimensions=8, normalize=False))
+                  input=EmbedInput(texts=("t",), dimensions=8, normalize=False))
     recs = to_trace([ReplayItem(ts=0.0, request=req, tokens=3)])
     assert recs[0].options == RequestOptions(dimensions=8, normalize=False)
     path = tmp_path / "t.jsonl"

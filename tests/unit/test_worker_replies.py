@@ -28,7 +28,7 @@ _JSON = [("content-type", b"application/json")]
 def served(i: int, *, packed: bool = True, fmt: str = "msgpack", topic: str = "sf.replies.c",
            dim: int = 4) -> Served:
     req = AdmittedRequest(id=f"r{i}", org="acme", endpoint="embed", tier="gold",
-                          input=EmbedInput(texts=[f"text {i}"]), tokens=2, created_ms=1,
+                          input=EmbedInput(texts=(f"text {i}",)), tokens=2, created_ms=1,
                           admitted_ms=2, reply_to=topic, reply_format=fmt, reply_packed=packed)
     res = Result(id=req.id, status="ok", org="acme", endpoint="embed",
                  embeddings=[[0.25 * k for k in range(dim)]], batch_id="b", worker="w")
