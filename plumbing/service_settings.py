@@ -150,6 +150,16 @@ class SchedulerSettings(ServiceSettings, frozen=True):
         "scheduler-queue check fails); 0 sends the fresh requests alone (docs/load.md, "
         "'Express batches as full batches').",
         ge=0.0, le=1.0)] = 0.25
+    express_horizon: Annotated[float, doc(
+        "No express batch while a batch sent at a worker's next credit would start "
+        "within this many full-batch times (the work whose credit the worker has not "
+        "returned, at its measured speed): the fresh orgs' requests go first in that "
+        "regular batch instead, at no extra model call. 1 keeps a fleet busy for long "
+        "at the model's speed (few express batches) but makes a quiet org under a burst "
+        "wait for the queued batch (about one batch more at p99); 0, the default, sends "
+        "an express batch whenever the credit is spent (docs/design.md, docs/load.md "
+        "'An express horizon').",
+        ge=0.0, le=100.0)] = 0.0
     leader_silence_ms: Annotated[int, doc(
         "A standby takes over after reading nothing from the leader for this long (the "
         "leader beats every fifth of it and dispatches only within 0.7 of it after a "

@@ -58,6 +58,11 @@ class Dispatcher:
     #: Top an express batch up in DRR order to this share of the endpoint's
     #: ``max_batch_tokens`` once the fresh orgs' requests are in it (0: nothing more).
     express_fill: float = 0.25
+    #: No express batch while a batch sent at a worker's next credit would start within
+    #: this many full-batch times (:meth:`FlowControl.starts_within`): the fresh
+    #: requests go first in that regular batch instead. 0 (the default): an express
+    #: batch whenever the credit is spent, and regular batches in DRR's order.
+    express_horizon: float = 0.0
     epoch: int = field(default=0, init=False)
     _seq: int = field(default=0, init=False)
     #: Tokens of recently sent batches, by id (bounded), for in_flight_tokens.
@@ -92,17 +97,23 @@ class Dispatcher:
         """
         for endpoint in self.core.endpoints:
             while self.core.held_in(endpoint) > 0 and may():
-                express = False
+                express = fresh = False
                 claim = self.flow.claim(endpoint)
-                if claim is None and self.express and self.core.has_fresh(endpoint):
-                    claim = self.flow.claim(endpoint, express=True)
-                    express = claim is not None
+                if self.express and self.core.has_fresh(endpoint):
+                    if claim is not None:
+                        # A regular batch: with a horizon, the fresh orgs' requests first
+                        # (they may have been kept from an express batch for it).
+                        fresh = self.express_horizon > 0
+                    elif not (self.express_horizon > 0 and
+                              self.flow.starts_within(endpoint, self.express_horizon)):
+                        claim = self.flow.claim(endpoint, express=True)
+                        express = fresh = claim is not None
                 if claim is None:
                     break
                 if self.watch is not None:
                     self.watch.held(now, endpoint, self.backlog)
-                d = self.core.next_batch(endpoint, now, in_run_order=True, fresh=express,
-                                         fill=self.express_fill if express else 0.0)
+                d = self.core.next_batch(endpoint, now, in_run_order=True, fresh=fresh,
+                                         fill=self.express_fill if express else 1.0)
                 if d.expired:
                     on_expired(d.expired)
                 if not d.batch:

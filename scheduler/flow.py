@@ -298,6 +298,32 @@ class FlowControl:
         return w.credit.room((w.tokens.get(b, full) for b in w.unreleased()), cap=w.slots,
                              max_outstanding_ms=self.max_outstanding_ms)
 
+    def work_ahead_ms(self, w: WorkerSlots) -> float | None:
+        """Estimated work ``w`` holds whose credit it has not returned (ms): the batch
+        it runs, counted whole until its last call starts, and those queued behind it;
+        None until its speed is measured.
+
+        What a batch sent at ``w``'s next credit finds ahead of it, within a lead
+        (the batches released end a lead after their credit came back).
+        """
+        if w.credit.ms_per_token is None:
+            return None
+        full = self.full_batch_tokens.get(w.endpoint, 0)
+        return sum(w.credit.estimate_ms(w.tokens.get(b, full)) for b in w.unreleased())
+
+    def starts_within(self, endpoint: str, batches: float) -> bool:
+        """Would a batch of ``endpoint`` sent at a worker's next credit start within
+        ``batches`` full-batch times (``max_batch_tokens`` at that worker's measured
+        speed)? True if it would on some usable worker; False while none is measured.
+        """
+        full = self.full_batch_tokens.get(endpoint, 0)
+        for w in self._by_endpoint.get(endpoint, {}).values():
+            ahead = self.work_ahead_ms(w)
+            if (ahead is not None and w.usable and self.owned(w)
+                    and ahead <= batches * w.credit.estimate_ms(full)):
+                return True
+        return False
+
     def free_workers(self, endpoint: str) -> list[WorkerSlots]:
         """Workers of ``endpoint`` that own a partition and have room for a batch."""
         return [w for w in self._by_endpoint.get(endpoint, {}).values()

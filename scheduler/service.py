@@ -183,7 +183,8 @@ class SchedulerService(Service):
         self._failure: BaseException | None = None
         self.dispatcher = Dispatcher(self.core, self.flow, self.backlog, instance=self.instance,
                                      watch=self.fairness, express=self.settings.express_batches,
-                                     express_fill=self.settings.express_fill)
+                                     express_fill=self.settings.express_fill,
+                                     express_horizon=self.settings.express_horizon)
         self.totals = {"received": 0, "dispatched": 0, "batches": 0, "express_batches": 0,
                        "expired": 0, "invalid": 0, "duplicates": 0,
                        "taken_over_dispatched": 0}

@@ -200,6 +200,107 @@ def test_no_express_batch_while_the_credit_has_room_or_when_switched_off_or_fifo
         assert _dispatch(disp) == [], (policy, express)
 
 
+def _measured(flow, disp, core, backlog, n_bulk: int):
+    """The worker measured at 10 ms a token, its round trip 0 (so a batch unreleased spends
+    its credit), then a regular batch of ``n_bulk`` bulk requests (2 tokens each) sent."""
+    _hold(core, backlog, [_entry(100, "bulk"), _entry(101, "bulk"), _entry(102, "bulk"),
+                          _entry(103, "bulk")])
+    first = _dispatch(disp)
+    assert [len(o.entries) for o in first] == [4]
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done", partitions=[0, 1],
+                             slots=4, free_slots=4, sent_ms=1100, batch_id=first[0].batch.id,
+                             batch_tokens=8, service_ms=80.0, held_ms=100.0), 1100)
+    assert flow.workers["w"].credit.ms_per_token == 10.0
+    _hold(core, backlog, [_entry(110 + i, "bulk") for i in range(n_bulk)])
+    sent = _dispatch(disp, 1.1)
+    assert [len(o.entries) for o in sent] == [min(n_bulk, 4)]
+    return sent[0]
+
+
+def _done(flow, batch, tokens: int, at_ms: int) -> None:
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="batch_done", partitions=[0, 1],
+                             slots=4, free_slots=4, sent_ms=at_ms, batch_id=batch.id,
+                             batch_tokens=tokens, service_ms=10.0 * tokens, held_ms=100.0), at_ms)
+
+
+@pytest.mark.parametrize("horizon", [1.0, 0.0])
+def test_no_express_batch_while_a_regular_batch_would_start_within_a_batch_time(horizon):
+    """A part-full batch ahead (20 of a full batch's 80 ms): the quiet org's request waits for
+    the credit and goes first in the next regular batch, no extra call. ``express_horizon=0``:
+    the express batch at once, as before."""
+    core, flow, backlog, disp = _setup()
+    disp.express_horizon = horizon
+    small = _measured(flow, disp, core, backlog, n_bulk=1)
+    assert flow.work_ahead_ms(flow.workers["w"]) == 20.0
+    assert flow.starts_within("embed", 1.0) and not flow.starts_within("embed", 0.2)
+    _hold(core, backlog, [_entry(20, "quiet")])
+    out = _dispatch(disp, 1.2)
+    if horizon == 0.0:
+        assert len(out) == 1 and out[0].batch.express
+        assert [e.id for e in out[0].entries] == ["r20"]
+        return
+    assert out == []                                      # credit spent, no express batch
+    _done(flow, small.batch, 2, 1300)
+    regular = _dispatch(disp, 1.3)
+    assert len(regular) == 1 and not regular[0].batch.express
+    assert [e.id for e in regular[0].entries] == ["r20"]
+    assert not core.has_fresh("embed")
+
+
+def test_a_fresh_request_goes_first_in_the_next_regular_batch_not_behind_the_ring():
+    """Three orgs hold full turns, two served; a fresh org's request, held while a full batch
+    is ahead, rides the next regular batch, ahead of their turns (without the fresh-first
+    rule it would wait behind the third org's turn and the first's: DRR's ring)."""
+    core, flow, backlog, disp = _setup()
+    disp.express_horizon = 1.0
+    small = _measured(flow, disp, core, backlog, n_bulk=1)
+    _hold(core, backlog, [_entry(200 + i, "bulk") for i in range(8)]
+          + [_entry(300 + i, "calm") for i in range(8)]
+          + [_entry(400 + i, "busy") for i in range(8)])
+    assert _dispatch(disp, 1.2) == []                     # 20 ms ahead: no express batch
+    _done(flow, small.batch, 2, 1300)
+    full = _dispatch(disp, 1.3)                # one of each fresh org, then bulk's turn
+    assert [len(o.entries) for o in full] == [4] and not full[0].batch.express
+    assert not core.has_fresh("embed")
+    assert flow.work_ahead_ms(flow.workers["w"]) == 80.0 and flow.starts_within("embed", 1.0)
+    _hold(core, backlog, [_entry(20, "quiet")])
+    assert _dispatch(disp, 1.4) == []
+    _done(flow, full[0].batch, 8, 1500)
+    nxt = _dispatch(disp, 1.5)
+    assert nxt and not nxt[0].batch.express
+    assert nxt[0].entries[0].id == "r20" and len(nxt[0].entries) == 4
+
+
+def test_an_express_batch_while_more_than_a_full_batch_is_ahead():
+    """A full batch running, its credit not returned, and one queued: the express batch goes
+    out; once the running one returns its credit (a lead from its end), it would not."""
+    core, flow, backlog, disp = _setup()
+    disp.express_horizon = 1.0
+    running = _measured(flow, disp, core, backlog, n_bulk=4)
+    flow.sent("w", "queued", 1150, 8)                # as a takeover finds it, say
+    w = flow.workers["w"]
+    assert flow.work_ahead_ms(w) == 160.0 and not flow.starts_within("embed", 1.0)
+    _hold(core, backlog, [_entry(20, "quiet")])
+    out = _dispatch(disp, 1.2)
+    assert len(out) == 1 and out[0].batch.express and out[0].entries[0].id == "r20"
+    flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="heartbeat", partitions=[0, 1],
+                             slots=4, free_slots=1, sent_ms=1250,
+                             in_flight=[running.batch.id, "queued", out[0].batch.id],
+                             released=[running.batch.id, out[0].batch.id]), 1250)
+    assert flow.work_ahead_ms(w) == 80.0 and flow.starts_within("embed", 1.0)
+
+
+def test_the_default_horizon_keeps_regular_batches_in_drr_order():
+    """``express_horizon`` 0 (the default): a fresh org waits for its DRR turn in a regular
+    batch, as before the horizon existed (the fresh-first order comes with a horizon)."""
+    core, _flow, backlog, disp = _setup()
+    assert disp.express_horizon == 0.0
+    _hold(core, backlog, [_entry(200 + i, "bulk") for i in range(8)]
+          + [_entry(300 + i, "calm") for i in range(8)] + [_entry(20, "quiet")])
+    out = _dispatch(disp)
+    assert [e.id for e in out[0].entries] == ["r200", "r201", "r300", "r301"]
+
+
 def test_express_needs_a_free_slot_and_credit_mode():
     flow = FlowControl(10_000, mode="credit", full_batch_tokens={"embed": 8})
     flow.observe(WorkerEvent(worker="w", endpoint="embed", kind="hello", partitions=[0],
