@@ -36,7 +36,11 @@ The model (discrete events, no wall clock anywhere):
   worker plans it: what comes before its largest org's first request (the
   fresh requests) first, done at that call's end, then the rest (one call
   where there is no such head). It is not a share-out among backlogged
-  orgs, so the Jain accounting below leaves it out.
+  orgs, so the Jain accounting below leaves it out. With
+  ``SimSettings.express_horizon`` (``SF_SCHEDULER_EXPRESS_HORIZON`` live)
+  none goes out while a worker's work in hand ends within that many
+  full-batch times (live counts the work whose credit the worker has not
+  returned); the next regular batch takes the fresh orgs' requests first.
 * **Service time** of a batch: ``overhead_ms + ms_per_token x batch
   tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
   4,096-token batch in 1.15 s), resemble all-MiniLM-L6-v2 on a few CPU
@@ -197,6 +201,10 @@ class SimSettings:
     #: The share of a full batch's tokens an express batch is topped up to
     #: (``SF_SCHEDULER_EXPRESS_FILL``, the same default).
     express_fill: float = 0.25
+    #: No express batch while a worker's work in hand ends within this many full-batch
+    #: times; the next regular batch takes the fresh orgs' requests first
+    #: (``SF_SCHEDULER_EXPRESS_HORIZON``, the same default, 0: no such wait).
+    express_horizon: float = 0.0
 
 
 @dataclass
@@ -388,6 +396,8 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         raise ValueError("workers and slots must be at least 1")
     if not 0.0 <= s.express_fill <= 1.0:
         raise ValueError(f"express_fill must be within 0 and 1, not {s.express_fill}")
+    if not s.express_horizon >= 0:
+        raise ValueError(f"express_horizon must be 0 or more, not {s.express_horizon}")
     sched = Scheduler(config, s.policy)
     pools = {ep: [_Worker(f"{ep}-w{i}") for i in range(s.workers)] for ep in config.endpoints}
     outcomes: list[Outcome] = []
@@ -411,6 +421,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
     arrivals = sorted(range(len(records)), key=lambda k: (enter[k], k))
     entered: dict[str, float] = {}
     slots_of = {ep: (pipe.slots(ep) if pipe is not None else None) or s.slots for ep in pools}
+    full_s = {ep: s.service.batch_s(config.endpoints[ep].max_batch_tokens) for ep in pools}
 
     def unhold(ep: str, e: Entry) -> None:
         counts = held[(ep, e.tier)]
@@ -493,7 +504,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
             lag = 0.0 if pipe is None else pipe.feedback_s(ep)
             while sched.held_in(ep):
                 w = min(pool, key=lambda w: (w.in_hand, w.free_at))
-                express = False
+                express = fresh = False
                 if w.in_hand >= slots_of[ep]:
                     # Every slot taken: the live scheduler's express batch, one request
                     # of each org that came in with nothing held; one per worker until
@@ -501,9 +512,14 @@ def simulate(config: Config, records: Sequence[TraceRecord],
                     spare = [x for x in pool if not x.holds_express(now, lag)]
                     if not (s.express and spare and sched.has_fresh(ep)):
                         break
+                    if (s.express_horizon > 0 and min(x.free_at for x in pool) - now
+                            <= s.express_horizon * full_s[ep]):
+                        break  # a regular batch starts soon: the fresh requests go in it
                     w, express = min(spare, key=lambda x: x.free_at), True
-                d = sched.next_batch(ep, now, in_run_order=True, fresh=express,
-                                     fill=s.express_fill if express else 0.0)
+                elif s.express and s.express_horizon > 0:
+                    fresh = sched.has_fresh(ep)
+                d = sched.next_batch(ep, now, in_run_order=True, fresh=express or fresh,
+                                     fill=s.express_fill if express else 1.0)
                 expired(ep, d.expired, now)
                 if not d.batch:
                     if express:
@@ -618,6 +634,7 @@ def simulate(config: Config, records: Sequence[TraceRecord],
         "admission": "off" if s.admission is None else type(s.admission).__name__,
         "express": s.express,
         "express_fill": s.express_fill,
+        "express_horizon": s.express_horizon,
     }
     return SimResult(outcomes, samples, list(groups.values()), meta)
 
@@ -696,6 +713,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="top an express batch up to this share of a full batch's "
                              "tokens, as SF_SCHEDULER_EXPRESS_FILL does live (default "
                              "%(default)s; 0: the fresh requests alone)")
+    parser.add_argument("--express-horizon", type=float, default=SimSettings.express_horizon,
+                        metavar="BATCHES",
+                        help="no express batch while a worker's work in hand ends within "
+                             "this many full-batch times, as SF_SCHEDULER_EXPRESS_HORIZON "
+                             "does live (default %(default)s: none held back)")
     parser.add_argument("--json", metavar="OUT", help="write the summary as JSON")
     parser.add_argument("--report", metavar="DIR", help="write the full report (tables, plots)")
     cal = parser.add_argument_group("calibration (traffic/calibrate.py)")
@@ -751,6 +773,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --express-fill must be within 0 and 1, not {args.express_fill}",
               file=sys.stderr)
         return 2
+    if not args.express_horizon >= 0:
+        print(f"error: --express-horizon must be 0 or more, not {args.express_horizon}",
+              file=sys.stderr)
+        return 2
     policies = [args.policy] + ([{"drr": "fifo", "fifo": "drr"}[args.policy]]
                                 if args.compare_policy else [])
     summaries: dict[str, dict[str, Any]] = {}
@@ -766,7 +792,8 @@ def run(args: argparse.Namespace) -> int:
                                service=service, sample_interval_s=args.sample_ms / 1000.0,
                                admission=PipelineAdmission(config) if args.admission else None,
                                pipeline=pipeline, express=args.express,
-                               express_fill=args.express_fill)
+                               express_fill=args.express_fill,
+                               express_horizon=args.express_horizon)
         result = simulate(config, records, settings)
         result.meta.update(trace=Path(args.trace).name, config=Path(args.config).name)
         if calibration is not None:

@@ -298,6 +298,25 @@ def test_express_batches_take_the_victims_wait_down_and_the_flag_leaves_them_out
     assert [o.completed_s for o in fifo[0].outcomes] == [o.completed_s for o in fifo[1].outcomes]
 
 
+def test_an_express_horizon_holds_express_batches_back_while_the_batch_in_hand_ends_soon():
+    """One slot: what a worker holds ends within one full batch, so at a horizon of 1 no
+    express batch goes out and the victim's request goes first in the next regular batch
+    (about two full batches at p99, as without express batches); at 0.3 the batch in hand
+    often ends later than that, and express batches go out again."""
+    records = noisy_neighbour(10_000)
+    runs = {h: simulate(CONFIG, records, SimSettings(express_horizon=h)) for h in (0.0, 0.3, 1.0)}
+    express = {h: sum(o.express for o in r.outcomes) for h, r in runs.items()}
+    assert express[1.0] == 0 and express[0.3] > 0 and express[0.0] >= express[0.3]
+    assert runs[1.0].meta["express_horizon"] == 1.0
+    assert p99_ms(runs[1.0], VICTIM) < 2.2 * FULL_BATCH_S * 1000
+    assert p99_ms(runs[0.0], VICTIM) < 1.2 * FULL_BATCH_S * 1000
+    served = {h: sorted(o.id for o in r.outcomes if o.status == "ok") for h, r in runs.items()}
+    assert served[0.0] == served[0.3] == served[1.0]            # the same requests
+    assert len(set(served[1.0])) == len(served[1.0]) > 0         # each once
+    with pytest.raises(ValueError, match="express_horizon"):
+        simulate(CONFIG, records[:10], SimSettings(express_horizon=float("nan")))
+
+
 def test_cli_reports_bad_trace(tmp_path, capsys):
     """A bad trace line is a clear error and exit code 2, not a traceback."""
     trace = tmp_path / "bad.jsonl"
