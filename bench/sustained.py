@@ -117,6 +117,8 @@ from plumbing.kafka import (
     add_kafka_arguments,
     settings_from_args,
 )
+from plumbing.service_settings import SchedulerSettings
+from plumbing.settings import from_env
 from plumbing.topics import delete_topics, describe_topics
 from schemas.build import Built, build_config
 from schemas.config import Endpoint
@@ -264,10 +266,14 @@ def figures(outcomes: Sequence[Outcome], model_s: float) -> dict[str, Any]:
 def simulated(built: Built, records: Sequence[TraceRecord], express: bool,
               ms_per_token: float = MS_PER_TOKEN) -> dict[str, Any]:
     """The trace through the core on a virtual clock, as ``serving-fairness simulate
-    --overhead-ms 2 --ms-per-token 0.01 [--no-express]`` runs it."""
+    --overhead-ms 2 --ms-per-token 0.01 [--no-express]`` runs it, its express batches
+    filled and held back as the live scheduler's (``SF_SCHEDULER_EXPRESS_FILL``,
+    ``SF_SCHEDULER_EXPRESS_HORIZON`` where set)."""
+    live = from_env(SchedulerSettings, env_prefix="SF_SCHEDULER_")
     service = ServiceModel(OVERHEAD_MS, ms_per_token)
-    result = simulate(built.config, records, SimSettings(policy="drr", workers=1, slots=1,
-                                                         service=service, express=express))
+    result = simulate(built.config, records, SimSettings(
+        policy="drr", workers=1, slots=1, service=service, express=express,
+        express_fill=live.express_fill, express_horizon=live.express_horizon))
     batch_tokens = {o.batch_id: o.batch_tokens for o in result.outcomes
                     if o.batch_id is not None and o.batch_tokens is not None}
     return figures(result.outcomes, sum(service.batch_s(t) for t in batch_tokens.values()))
