@@ -106,6 +106,11 @@ class EmbedInput(Message, kw_only=True, tag="embed"):
     encoding: Encoding = "float"
     prompt: PromptText | None = None
 
+    def __post_init__(self) -> None:
+        # A caller that builds one by hand with a list gets the tuple a decoder makes.
+        if type(self.texts) is not tuple:
+            self.texts = tuple(self.texts)
+
 
 class RerankInput(Message, kw_only=True, tag="rerank"):
     """A query and the documents to score against it; one score per document."""
@@ -118,6 +123,10 @@ class RerankInput(Message, kw_only=True, tag="rerank"):
     max_tokens_per_doc: MaxTokensPerDoc | None = None
     return_documents: bool = False
     truncate: Truncate = "end"
+
+    def __post_init__(self) -> None:
+        if type(self.documents) is not tuple:  # as EmbedInput's texts
+            self.documents = tuple(self.documents)
 
 
 Input = EmbedInput | RerankInput

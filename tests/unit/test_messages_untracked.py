@@ -60,3 +60,11 @@ def test_requests_of_a_pack_are_not_walked(fmt):
     assert _plain(got) == _plain(sent)
     for req in got:
         assert req is not None and _walked(req) == []
+
+
+def test_an_input_built_with_a_list_holds_a_tuple():
+    """A caller that builds an input by hand with a list gets what a decoder makes."""
+    embed = EmbedInput(texts=["a", "b"])  # type: ignore[arg-type]  # a list, on purpose
+    rerank = RerankInput(query="q", documents=["d"])  # type: ignore[arg-type]
+    assert (embed.texts, rerank.documents) == (("a", "b"), ("d",))
+    assert _walked(_admitted(embed)) == [] and _walked(_admitted(rerank)) == []
