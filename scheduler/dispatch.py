@@ -99,13 +99,14 @@ class Dispatcher:
             while self.core.held_in(endpoint) > 0 and may():
                 express = fresh = False
                 claim = self.flow.claim(endpoint)
-                if self.express and self.core.has_fresh(endpoint):
+                horizon = self.express_horizon
+                if (self.express and (claim is None or horizon > 0)
+                        and self.core.has_fresh(endpoint)):
                     if claim is not None:
-                        # A regular batch: with a horizon, the fresh orgs' requests first
-                        # (they may have been kept from an express batch for it).
-                        fresh = self.express_horizon > 0
-                    elif not (self.express_horizon > 0 and
-                              self.flow.starts_within(endpoint, self.express_horizon)):
+                        # A regular batch, the fresh orgs' requests first: they may have
+                        # been kept from an express batch for it.
+                        fresh = True
+                    elif not (horizon > 0 and self.flow.starts_within(endpoint, horizon)):
                         claim = self.flow.claim(endpoint, express=True)
                         express = fresh = claim is not None
                 if claim is None:
