@@ -120,6 +120,7 @@ from plumbing.kafka import (
 from plumbing.service_settings import SchedulerSettings
 from plumbing.settings import from_env
 from plumbing.topics import delete_topics, describe_topics
+from scheduler.service import ENV_PREFIX as SCHEDULER_ENV
 from schemas.build import Built, build_config
 from schemas.config import Endpoint
 from tokens.counting import WhitespaceTokenCounter
@@ -269,7 +270,7 @@ def simulated(built: Built, records: Sequence[TraceRecord], express: bool,
     --overhead-ms 2 --ms-per-token 0.01 [--no-express]`` runs it, its express batches
     filled and held back as the live scheduler's (``SF_SCHEDULER_EXPRESS_FILL``,
     ``SF_SCHEDULER_EXPRESS_HORIZON`` where set)."""
-    live = from_env(SchedulerSettings, env_prefix="SF_SCHEDULER_")
+    live = from_env(SchedulerSettings, env_prefix=SCHEDULER_ENV)
     service = ServiceModel(OVERHEAD_MS, ms_per_token)
     result = simulate(built.config, records, SimSettings(
         policy="drr", workers=1, slots=1, service=service, express=express,

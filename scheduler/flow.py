@@ -74,6 +74,7 @@ partition a worker owns.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -294,9 +295,14 @@ class FlowControl:
             return self.mode == "credit" and not w.express.difference(w.released)
         if self.mode == "slots":
             return True
-        full = self.full_batch_tokens.get(w.endpoint, 0)
-        return w.credit.room((w.tokens.get(b, full) for b in w.unreleased()), cap=w.slots,
+        return w.credit.room(self._unreleased_tokens(w), cap=w.slots,
                              max_outstanding_ms=self.max_outstanding_ms)
+
+    def _unreleased_tokens(self, w: WorkerSlots) -> Iterator[int]:
+        """Tokens of each batch ``w`` has not returned the credit of (a full batch's where
+        this scheduler did not send it)."""
+        full = self.full_batch_tokens.get(w.endpoint, 0)
+        return (w.tokens.get(b, full) for b in w.unreleased())
 
     def work_ahead_ms(self, w: WorkerSlots) -> float | None:
         """Estimated work ``w`` holds whose credit it has not returned (ms): the batch
@@ -308,8 +314,7 @@ class FlowControl:
         """
         if w.credit.ms_per_token is None:
             return None
-        full = self.full_batch_tokens.get(w.endpoint, 0)
-        return sum(w.credit.estimate_ms(w.tokens.get(b, full)) for b in w.unreleased())
+        return sum(w.credit.estimate_ms(t) for t in self._unreleased_tokens(w))
 
     def starts_within(self, endpoint: str, batches: float) -> bool:
         """Would a batch of ``endpoint`` sent at a worker's next credit start within
