@@ -66,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=60.0,
                         help="after the last send, wait this long for results; the rest are "
                              "reported missing (default 60)")
+    parser.add_argument("--max-in-flight", type=int, default=None, metavar="N",
+                        help="at most N requests sent and not yet answered: a send past it "
+                             "waits for a result (up to --timeout-s), as a bulk job's client "
+                             "would, instead of queueing the rest in the ingress topic "
+                             "(default: no bound)")
     parser.add_argument("--embedded", action="store_true",
                         help="run admission, scheduler and workers in this process (the "
                              "default when no --bootstrap is given)")
@@ -210,7 +215,8 @@ async def _main(args: argparse.Namespace, config: Config, kafka: KafkaSettings,
     async with kafka_connected(kafka) as live:
         items, source, margin = await _load_items(args, config, live, since, until)
         settings = ReplaySettings(speed=args.speed, to_topic=args.to_topic,
-                                  timeout_s=args.timeout_s, progress=not args.no_progress)
+                                  timeout_s=args.timeout_s, progress=not args.no_progress,
+                                  max_in_flight=args.max_in_flight)
         if args.processes:
             result = await _replay_in_processes(args, config, live, items, settings)
         elif not args.in_process:

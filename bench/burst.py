@@ -87,7 +87,8 @@ class BurstOutcome(NamedTuple):
 
 def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
            start_at: float | None, delay_s: float, timeout_s: float, nice: int,
-           fetch_max_wait_ms: int | None, reply_partitions: int, out) -> None:
+           fetch_max_wait_ms: int | None, reply_partitions: int, max_in_flight: int | None,
+           out) -> None:
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)
@@ -107,7 +108,8 @@ def _child(bootstrap: str, config_text: str, org: str, burst: int, tokens: int,
             topic = f"{Topics.of(config).reply_prefix(config)}replay-{run_id}"
             await ensure_topics(kafka, {topic: reply_partitions})
         run = await replay(kafka, config, items, ReplaySettings(
-            timeout_s=timeout_s, progress=False, samples=False, lead_s=0.0, run_id=run_id))
+            timeout_s=timeout_s, progress=False, samples=False, lead_s=0.0, run_id=run_id,
+            max_in_flight=max_in_flight))
         statuses: dict[str, int] = {}
         for o in run.outcomes:
             statuses[o.status] = statuses.get(o.status, 0) + 1
@@ -163,7 +165,7 @@ class BurstProcess:
 def start_burst(bootstrap: str, config_text: str, *, org: str, burst: int, tokens: int,
                 start_at: float | None = None, delay_s: float = 0.0, timeout_s: float = 300.0,
                 nice: int = 10, fetch_max_wait_ms: int | None = None,
-                reply_partitions: int = 1) -> BurstProcess:
+                reply_partitions: int = 1, max_in_flight: int | None = None) -> BurstProcess:
     """Start the bursting org's process; it sends at ``start_at`` (epoch seconds), or
     when None ``delay_s`` after its requests are built (:meth:`BurstProcess.ready` says
     when). ``fetch_max_wait_ms``: its client's, where not the default (a long run on the
@@ -174,11 +176,13 @@ def start_burst(bootstrap: str, config_text: str, *, org: str, burst: int, token
     ``app/demo_burst.py``): it stands for another team's service on other
     machines, and here it shares two cores with the broker and the services
     being measured. It still sends as fast as the pipeline leaves it CPU for.
+    ``max_in_flight``: its replay's bound on requests sent and not answered
+    (:class:`traffic.replay.ReplaySettings`); None: the whole burst at once.
     """
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=_child, daemon=True, args=(
         bootstrap, config_text, org, burst, tokens, start_at, delay_s, timeout_s, nice,
-        fetch_max_wait_ms, reply_partitions, queue))
+        fetch_max_wait_ms, reply_partitions, max_in_flight, queue))
     process.start()
     return BurstProcess(process, queue, timeout_s)

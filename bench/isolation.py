@@ -214,7 +214,8 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
                                             # broker (docs/reliability.md).
                                             fetch_max_wait_ms=max(500,
                                                                   kafka.fetch_max_wait_ms),
-                                            reply_partitions=8)
+                                            reply_partitions=8,
+                                            max_in_flight=args.burst_in_flight)
                         began_s = await child.ready() - settings.lead_s - 5.0
                         await asyncio.sleep(max(0.0, began_s - time.time()))
                     run = await replay(kafka, config, items, settings)
@@ -261,7 +262,8 @@ async def one_layout(kafka: KafkaSettings, args, seed: int) -> dict:
     not_ok = {label: sum(o.status != "ok" for o in r.outcomes) for label, (r, _) in runs.items()}
     not_ok |= {f"{label} (bursting org)": sum(n for st, n in statuses.items() if st != "ok")
                for label, statuses in burst_runs.items()}
-    return {"seed": seed, "shape_org_per_s": args.shape_org_per_s, "full_batch_ms": full_ms,
+    return {"seed": seed, "shape_org_per_s": args.shape_org_per_s,
+            "burst_in_flight": args.burst_in_flight, "full_batch_ms": full_ms,
             "peak_rss_mb": peaks, "burst_span_s": burst_span, "bursts": [[label, n, t] for label, n, t in args.bursts],
             "fit": fit, "orgs": rows, "not_ok": not_ok,
             "twice": {f"{label} (bursting org)": n for label, n in burst_twice.items()}
@@ -289,6 +291,9 @@ async def amain(args) -> list[dict]:
 
     if args.shape_org_per_s:
         print(f"\nadmission shapes each org to {args.shape_org_per_s:g} records/s")
+    if args.burst_in_flight:
+        print(f"\nthe bursting org's client keeps at most {args.burst_in_flight:,} requests "
+              "in flight")
     for lay in out:
         print(f"\nlayout {lay['seed']}: full batch {lay['full_batch_ms']:.1f} ms (fit "
               f"{lay['fit']['overhead_ms']:.2f} ms + {lay['fit']['ms_per_token']:.5f} ms/token, "
@@ -333,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
                              "lists per partition (docs/reliability.md)")
     parser.add_argument("--burst-timeout-s", type=float, default=300.0,
                         help="how long the bursting org waits for its last result")
+    parser.add_argument("--burst-in-flight", type=int, default=None, metavar="N",
+                        help="the bursting org's client keeps at most N requests sent and "
+                             "not answered (a bulk job's client, `replay --max-in-flight`); "
+                             "default: the whole burst at once")
     parser.add_argument("--layouts", type=int, default=None, help="default 2 (quick 1)")
     parser.add_argument("--seconds", type=float, default=20.0, help="quiet traffic, per run")
     parser.add_argument("--rate", type=float, default=2.0, help="requests/s per quiet org")

@@ -148,7 +148,11 @@ class FairnessClient(StartStop):
         stop_timeout_s: float = 10.0,
         keep_unclaimed: bool = True,
         packed_replies: bool = True,
+        max_in_flight: int | None = None,
+        in_flight_wait_s: float = 60.0,
     ):
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be 1 or more, not {max_in_flight}")
         if isinstance(config_or_prefix, Config):
             self.topics = Topics.of(config_or_prefix)
             reply_prefix = self.topics.reply_prefix(config_or_prefix)
@@ -177,6 +181,13 @@ class FairnessClient(StartStop):
         self.keep_unclaimed = keep_unclaimed
         #: Requests answered on :attr:`reply_topic` ask for packed results.
         self.packed_replies = packed_replies and self.reply_topic != self.topics.results
+        #: At most this many submitted without a result (None: no bound): a
+        #: :meth:`submit` past it waits for one, up to ``in_flight_wait_s``. A bulk
+        #: job's burst then waits here, not in an ingress partition it may share
+        #: with other orgs (docs/load.md, "A bulk job's client").
+        self.max_in_flight = max_in_flight
+        self.in_flight_wait_s = in_flight_wait_s
+        self._room = asyncio.Event()  # set whenever a request in flight ends
         self.unclaimed = 0
         self.duplicates = 0
         self._producer: Producer | None = None
@@ -274,6 +285,8 @@ class FairnessClient(StartStop):
                 fut.set_exception(ResultLost(rid, why))
         while len(self._lost) > self.remember_ids:
             self._lost.popitem(last=False)
+        if lost:
+            self._room.set()
         self._pace()
         if lost:
             log.warning("requests_lost", reply_topic=self.reply_topic, requests=len(lost),
@@ -318,9 +331,14 @@ class FairnessClient(StartStop):
         :class:`Request` gets ``reply_to`` and ``created_ms`` the same way.
         One answered on this client's topic gets ``reply_packed`` from
         :attr:`packed_replies` (this client is its reader; see :meth:`asks_packed`).
+        With ``max_in_flight`` set, a new id waits first until fewer than that
+        many are in flight (``TimeoutError`` after ``in_flight_wait_s``).
         """
         if self._producer is None:
             raise RuntimeError("FairnessClient is not started (use `async with`)")
+        rid = request.id if isinstance(request, Request) else request.get("id")
+        if self.max_in_flight is not None and rid not in self._outstanding:
+            await self._wait_for_room()  # before the stamp: created_ms is the send's time
         now = int(time.time() * 1000)
         if isinstance(request, Request):
             reply_to = request.reply_to or self.reply_topic
@@ -356,9 +374,26 @@ class FairnessClient(StartStop):
         except BaseException:
             if fresh:
                 self._outstanding.pop(req.id, None)
+                self._room.set()
                 self._pace()
             raise
         return req.id
+
+    async def _wait_for_room(self) -> None:
+        """Until fewer than ``max_in_flight`` requests are in flight; ``TimeoutError`` after
+        ``in_flight_wait_s`` seconds, saying how many were waited on."""
+        limit = self.max_in_flight
+        assert limit is not None
+        deadline = time.monotonic() + self.in_flight_wait_s
+        while len(self._outstanding) >= limit:
+            self._room.clear()
+            try:
+                await within(self._room.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no result within {self.in_flight_wait_s:g} s for any of the "
+                    f"{len(self._outstanding)} requests in flight (max_in_flight = {limit}) "
+                    f"on reply topic {self.reply_topic!r}: not sent") from None
 
     def asks_packed(self, reply_to: str | None, asked: bool = False) -> bool:
         """``reply_packed`` for a request answered on ``reply_to``: this client's choice
@@ -398,7 +433,8 @@ class FairnessClient(StartStop):
         Its result, when it comes, is dropped (with ``keep_unclaimed`` off) or
         handed to :meth:`results`; nothing of it is held until then.
         """
-        self._outstanding.pop(request_id, None)
+        if self._outstanding.pop(request_id, 0) is None:
+            self._room.set()
         self._ready.pop(request_id, None)
         fut = self._waiters.pop(request_id, None)
         if fut is not None and not fut.done():
@@ -487,6 +523,7 @@ class FairnessClient(StartStop):
         claimed = res.id in self._outstanding
         if claimed:
             del self._outstanding[res.id]
+            self._room.set()
             if not self._outstanding:
                 self._pace()  # the last one in flight: nothing is due any more
         self._lost.pop(res.id, None)

@@ -134,6 +134,10 @@ class ReplaySettings:
     run_id: str | None = None
     #: First send this long after the start, so the schedule begins on time.
     lead_s: float = 0.2
+    #: At most this many requests sent and not yet answered; a send due past
+    #: it waits for a result (a bulk job's client: the rest of its burst
+    #: waits here, not in an ingress partition other orgs share). None: no bound.
+    max_in_flight: int | None = None
 
 
 @dataclass
@@ -152,6 +156,21 @@ class ReplayRun:
 
 
 # -- sending and collecting ------------------------------------------------------------
+
+
+async def _room(sent: int, limit: int, progress: _Progress, answered: asyncio.Event,
+                timeout_s: float) -> bool:
+    """Wait until fewer than ``limit`` of the ``sent`` requests are unanswered, woken by
+    ``answered``; False if no result came for ``timeout_s`` seconds (each result starts
+    the wait afresh: a slow pipeline that still answers is waited for, a stopped one is
+    not)."""
+    while sent - progress.results >= limit:
+        answered.clear()
+        try:
+            await within(answered.wait(), timeout_s)
+        except TimeoutError:
+            return False
+    return True
 
 
 class _Progress:
@@ -225,6 +244,8 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
     s = settings or ReplaySettings()
     if not s.speed > 0:
         raise ReplayError("--speed must be > 0")
+    if s.max_in_flight is not None and s.max_in_flight < 1:
+        raise ReplayError(f"--max-in-flight must be 1 or more, not {s.max_in_flight}")
     topics = Topics.of(config)
     to_topic = s.to_topic or topics.ingress
     existing = await describe_topics(kafka, to_topic)
@@ -238,6 +259,7 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
     send_error: dict[int, str] = {}
     progress = _Progress(len(items), s.progress)
     all_in = asyncio.Event()
+    answered = asyncio.Event()  # a result came: room in the in-flight bound
     samples: list[QueueSample] = []
     foreign: Counter[str] = Counter()
     twice: Counter[str] = Counter()
@@ -259,6 +281,7 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
                 twice[res.id] += 1  # the first result stands; the copy is counted
                 continue
             got[i] = (res, time.time())
+            answered.set()
             progress.results += 1
             progress.ok += res.status == "ok"
             if progress.results + len(send_error) >= len(items):
@@ -288,6 +311,16 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
         headers = {fmt: [("content-type", content_type(fmt).encode())]
                    for fmt in ("json", "msgpack")}
         for i, item in enumerate(items):
+            if s.max_in_flight is not None and i - progress.results >= s.max_in_flight:
+                if queued:  # what is in hand goes out before the wait
+                    written.append((queued, await outbox.submit()))
+                    queued = []
+                if not await _room(i, s.max_in_flight, progress, answered, s.timeout_s):
+                    # Nothing came back in time: the rest is not sent, and says why.
+                    why = (f"not sent: no result within {s.timeout_s:g} s with "
+                           f"{s.max_in_flight} requests in flight (max_in_flight)")
+                    send_error.update((k, why) for k in range(i, len(items)))
+                    break
             due = mono0 + item.ts / s.speed
             delay = due - time.monotonic()
             if delay > 0.0005:
@@ -350,6 +383,9 @@ async def replay(kafka: KafkaSettings, config: Config, items: Sequence[ReplayIte
         "send_lag_ms": {k: round(1000 * (percentile(lags, q) or 0.0), 3)
                         for k, q in (("p50", 50), ("p99", 99), ("max", 100))},
         "send_failed": len(send_error),
+        # Of those, never sent: the in-flight bound's wait for a result ran out.
+        "not_sent": sum(1 for i in send_error if sent_at[i] is None),
+        "max_in_flight": s.max_in_flight,
         "missing": sum(1 for o in outcomes if o.status == "missing"),
         "foreign_results": sum(foreign.values()), "duplicate_results": client.duplicates,
         "delivered_twice": len(twice),

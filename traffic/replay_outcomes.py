@@ -179,7 +179,9 @@ def outcomes_of(config: Config, items: Sequence[ReplayItem],
         base: _ItemFields = {"id": req.id, "org": req.org, "tier": org.tier if org else "",
                              "endpoint": req.endpoint, "arrival_s": round(sent - wall0, 6)}
         if i in send_error:
-            out.append(Outcome(**base, status="failed", reason="replay_send_failed",
+            # Never sent: the in-flight bound waited for a result that did not come.
+            why = "replay_not_sent" if at is None else "replay_send_failed"
+            out.append(Outcome(**base, status="failed", reason=why,
                                tokens=item.tokens, completed_s=base["arrival_s"]))
             continue
         back = got[i]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from app.replay_cli import add_arguments, replay_command
+from app.stack import Stack
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer
 from plumbing.topics import ensure_topics
 from schemas.build import build_config
@@ -19,7 +21,7 @@ from schemas.config import Config
 from schemas.messages import EmbedInput, Request, RerankInput
 from schemas.topics import Topics
 from traffic.replay import ReplaySettings, replay
-from traffic.replay_sources import read_window
+from traffic.replay_sources import ReplayItem, read_window
 from traffic.trace import TraceRecord, noisy_neighbour, write_trace
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config.toml"
@@ -129,6 +131,47 @@ async def test_replay_of_the_middle_window_resends_exactly_its_records(
     # No pipeline answers here: each request is still accounted for, as missing.
     assert sorted(o.id for o in run.outcomes) == sorted(originals)
     assert {o.status for o in run.outcomes} == {"missing"}
+
+
+async def test_in_flight_bound_sends_no_more_than_it_until_a_result_comes(
+        kafka_settings, topic_prefix):
+    """With nothing answering, a replay bounded to 5 in flight sends exactly 5 of its 12
+    requests; the other 7 are reported never sent, each once, with why."""
+    cfg = config(topic_prefix)
+    capture = f"{topic_prefix}what-if.requests"
+    await ensure_topics(kafka_settings, {capture: 1})
+    items = [ReplayItem(ts=0.0, tokens=2, request=r) for _, r in window_requests(
+        "w", int(time.time() * 1000), topic_prefix)]
+    run = await replay(kafka_settings, cfg, items, ReplaySettings(
+        to_topic=capture, timeout_s=0.5, progress=False, samples=False, max_in_flight=5))
+    sent = await read_all(kafka_settings, capture, 1)
+    assert sorted(run.id_map[r.id][0] for _, r in sent) == [it.request.id for it in items[:5]]
+    assert [o.id for o in run.outcomes] == [it.request.id for it in items]
+    assert [(o.status, o.reason) for o in run.outcomes] == (
+        [("missing", "no_result_within_timeout")] * 5 + [("failed", "replay_not_sent")] * 7)
+    assert (run.stats["not_sent"], run.stats["send_failed"], run.stats["missing"]) == (7, 7, 5)
+
+
+async def test_in_flight_bound_holds_through_the_live_pipeline(
+        kafka_settings, topic_prefix):
+    """40 requests due at once through the in-process pipeline, at most 3 in flight: all
+    ``ok``, and at no moment more than 3 sent and not yet answered."""
+    cfg = config(topic_prefix)
+    items = [ReplayItem(ts=0.0, tokens=2, request=Request(
+        id=f"r{i}", org=("acme", "quiet-1")[i % 2], endpoint="embed",
+        input=EmbedInput(texts=(f"text {i}",)))) for i in range(40)]
+    async with Stack(cfg, kafka_settings, model="fake", endpoints=["embed"]):
+        run = await replay(kafka_settings, cfg, items, ReplaySettings(
+            timeout_s=30, progress=False, samples=False, max_in_flight=3))
+    assert [o.status for o in run.outcomes] == ["ok"] * 40
+    # +1 at each send, -1 at each receipt (epoch s). A send is stamped in whole ms,
+    # truncated: taken at the end of its ms, so that a receipt just before it comes first.
+    got = [g for g in run.results if g is not None]
+    assert len(got) == 40
+    events = sorted([(res.created_ms / 1000 + 0.001, 1) for res, _ in got]
+                    + [(received, -1) for _, received in got])
+    in_flight = list(itertools.accumulate(d for _, d in events))
+    assert max(in_flight) == 3, in_flight
 
 
 async def test_window_without_until_reads_to_the_end_as_of_the_start(kafka_settings, topic_prefix):

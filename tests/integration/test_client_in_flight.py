@@ -1,0 +1,99 @@
+"""A client's in-flight bound: a submit past it waits for a result, and says so when none comes.
+
+On the embedded broker, with no services: requests stay in flight until the
+test answers them on the reply topic itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from plumbing.kafka import make_consumer, make_producer
+from plumbing.topics import ensure_topics
+from producer.client import FairnessClient
+from schemas.codec import codec_for, content_type
+from schemas.messages import Request, Result
+from schemas.topics import Topics
+from tests.integration.pipeline_setup import make_config
+
+
+def request(i: int) -> dict:
+    return {"id": f"r{i}", "org": "acme", "endpoint": "embed",
+            "input": {"type": "embed", "texts": [f"text {i}"]}}
+
+
+async def answer(kafka_settings, client: FairnessClient, rid: str) -> None:
+    producer = make_producer(kafka_settings)
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            client.reply_topic,
+            codec_for(Result).encode(Result(id=rid, status="ok", org="acme", endpoint="embed"),
+                                     "json"),
+            headers=[("content-type", content_type("json").encode())])
+    finally:
+        await producer.stop()
+
+
+async def ingress_ids(kafka_settings, topic: str, partitions: int) -> list[str]:
+    """The ids of every request the ingress topic holds."""
+    consumer = make_consumer(kafka_settings, group_id=None)
+    await consumer.start()
+    ids: list[str] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        for _ in range(10):
+            got = await consumer.getmany(timeout_ms=200)
+            ids += [codec_for(Request).decode(r.value, "json").id
+                    for recs in got.values() for r in recs]
+            if not got and ids:
+                break
+    finally:
+        await consumer.stop()
+    return ids
+
+
+async def test_a_submit_past_the_bound_waits_for_a_result(kafka_settings, topic_prefix):
+    cfg = make_config(topic_prefix)
+    topics = Topics.of(cfg)
+    await ensure_topics(kafka_settings, topics.all(cfg))
+    async with FairnessClient(kafka_settings, cfg, max_in_flight=2,
+                              in_flight_wait_s=30) as client:
+        await client.submit(request(0))
+        await client.submit(request(1))
+        third = asyncio.create_task(client.submit(request(2)))
+        await asyncio.sleep(0.5)
+        assert not third.done(), "two in flight: the third waits"
+        assert client.waiting == 2
+        await answer(kafka_settings, client, "r0")
+        assert await asyncio.wait_for(third, 10) == "r2"
+        assert client.waiting == 2
+        # A resubmitted id already in flight takes no new room: it does not wait.
+        assert await asyncio.wait_for(client.submit(request(1)), 5) == "r1"
+    ids = await ingress_ids(kafka_settings, topics.ingress, cfg.service.ingress_partitions)
+    assert sorted(ids) == ["r0", "r1", "r1", "r2"]
+
+
+async def test_a_bound_no_result_frees_says_what_it_waited_for(kafka_settings, topic_prefix):
+    cfg = make_config(topic_prefix)
+    topics = Topics.of(cfg)
+    await ensure_topics(kafka_settings, topics.all(cfg))
+    async with FairnessClient(kafka_settings, cfg, max_in_flight=1,
+                              in_flight_wait_s=0.3) as client:
+        await client.submit(request(0))
+        with pytest.raises(TimeoutError, match=r"0.3 s .* 1 requests in flight "
+                                               r"\(max_in_flight = 1\).*not sent"):
+            await client.submit(request(1))
+        assert client.waiting == 1
+    ids = await ingress_ids(kafka_settings, topics.ingress, cfg.service.ingress_partitions)
+    assert ids == ["r0"], "the one past the bound was not sent"
+
+
+def test_a_bound_under_one_is_refused(kafka_settings):
+    with pytest.raises(ValueError, match="max_in_flight must be 1 or more, not 0"):
+        FairnessClient(kafka_settings, max_in_flight=0)
