@@ -35,7 +35,9 @@ with no burst, summed over them (``traffic.stages.excess_by_stage``), and
 when they were sent, in seconds after the burst's first request
 (``sent_after_burst_s``); and the requests admission wrote to its backlog
 topic and read back (``backlog_written``, ``backlog_read``: what moving a
-burst there costs the quiet org is in ``docs/load.md``).
+burst there costs the quiet org is in ``docs/load.md``). ``--burst-in-flight N``: the
+bursting org's client keeps at most N requests unanswered (a bulk job's client,
+``docs/design.md``) instead of sending all at once.
 
 Run: ``python bench/gpu_feed.py`` (workers 1 and 2), ``--quick`` (1 worker,
 a smaller burst).
@@ -173,6 +175,7 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
                 # 0.5 s into the quiet org's run.
                 child = start_burst(kafka.require_bootstrap(), built.text, org=BURST_ORG,
                                     burst=args.burst, tokens=args.tokens,
+                                    max_in_flight=args.burst_in_flight,
                                     start_at=time.time() + settings.lead_s + 0.5)
                 loaded_items = items(args.quiet_rps, args.quiet_s, args.tokens)
                 loaded = await replay(kafka, config, loaded_items, settings)
@@ -221,7 +224,8 @@ async def one(kafka: KafkaSettings, args, workers: int) -> dict:
             "workers": workers, "busy": busy_s / (workers * span), "served_rps": burst.ok / span,
             "capacity_rps": capacity, "quiet_p99_ms": quiet, "quiet_unloaded_p99_ms":
             quiet_unloaded, "batch_ms": batch_ms, "round_trip_ms": round_trip_ms,
-            "bound_ms": bound, "burst": args.burst, "not_ok": missing, "span_s": span,
+            "bound_ms": bound, "burst": args.burst, "burst_in_flight": args.burst_in_flight,
+            "not_ok": missing, "span_s": span,
             "quiet_not_ok": sum(o.status != "ok" for o in loaded.outcomes if o.org == QUIET_ORG),
             "quiet_unloaded_not_ok": sum(o.status != "ok" for o in unloaded.outcomes
                                          if o.org == QUIET_ORG),
@@ -245,7 +249,9 @@ async def amain(args) -> dict:
             results[str(w)] = await one(kafka, args, w)
     print(f"fake model at {args.ms_per_token} ms per padded token (one H200, MiniLM-shaped), "
           f"requests of {args.tokens} tokens, burst {args.burst:,} + {QUIET_ORG} at "
-          f"{args.quiet_rps:g}/s; each service its own process")
+          f"{args.quiet_rps:g}/s; each service its own process"
+          + (f"; the burst's client keeps {args.burst_in_flight:,} in flight"
+             if args.burst_in_flight else ""))
     print(f"{'workers':>8}{'busy':>8}{'served/s':>10}{'capacity/s':>12}{'batch ms':>10}"
           f"{'round trip':>11}{'quiet p99':>11}{'unloaded':>10}{'bound':>8}  verdict")
     for r in results.values():
@@ -269,6 +275,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokens", type=int, default=60, help="tokens per request")
     parser.add_argument("--ms-per-token", type=float, default=0.004,
                         help="fake model time per padded token (H200: 0.0035-0.004)")
+    parser.add_argument("--burst-in-flight", type=int, default=None, metavar="N",
+                        help="the bursting org's client keeps at most N requests sent and "
+                             "not answered (`replay --max-in-flight`); default: all at once")
     parser.add_argument("--quiet-rps", type=float, default=20.0, help="the quiet org's rate")
     parser.add_argument("--quiet-s", type=float, default=6.0,
                         help="how long the quiet org sends, in each phase")
