@@ -43,6 +43,12 @@ class GatewayMetrics:
             "Requests refused with 503 because max_waiting_requests were waiting.",
             registry=registry,
         )
+        self.refused_org_full = Counter(
+            "sf_gateway_org_full_total",
+            "Requests refused with 429 because their org had its share of "
+            "max_waiting_requests waiting (org_waiting_share).",
+            registry=registry,
+        )
         self.keys = Gauge(
             "sf_gateway_api_keys", "API key hashes in the running configuration.",
             registry=registry,

@@ -27,7 +27,8 @@ _ERRORS = {
     "403": "The body names an org other than the key's",
     "404": "No such model (endpoint) for this route",
     "413": "The body is larger than max_body_bytes",
-    "429": "Rate limited, throttled or overloaded: retry after Retry-After seconds",
+    "429": "Rate limited, throttled, overloaded, or the org's share of the gateway's waiting "
+           "requests taken: retry after Retry-After seconds",
     "500": "The request failed in the pipeline",
     "503": "The gateway is full (max_waiting_requests) or stopping",
     "504": "The deadline (the client's timeout, or max_wait_ms) passed first",

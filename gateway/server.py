@@ -14,7 +14,9 @@ own code sees anything:
    gets 400 naming the field. An ``org`` the body names (or OpenAI's
    ``OpenAI-Organization`` header) that is not the key's gets 403.
 4. **The room.** At most ``max_waiting_requests`` wait for a result at
-   once; one more gets 503 at once, so memory stays bounded.
+   once; one more gets 503 at once, so memory stays bounded. Of those, at
+   most ``max_waiting_per_org`` of one org's: its next gets 429
+   (``org_waiting_limit``, ``Retry-After``), and the others still get in.
 5. **The wait.** The request goes to the pipeline with the org from the
    key and a deadline: the client's own timeout when it sends one
    (``x-stainless-read-timeout``, as OpenAI's SDK does, or
@@ -76,6 +78,7 @@ class GatewayServer:
     def __init__(self, routes: list[Route], catalog: Callable[[], Catalog],
                  client: FairnessClient, metrics: GatewayMetrics, *,
                  max_body_bytes: int, max_waiting: int, max_wait_ms: int,
+                 max_waiting_per_org: int | None = None,
                  result_grace_ms: int, log_lines_per_s: int = 20,
                  ready: Callable[[], tuple[bool, str]] = lambda: (True, "ok")):
         self.routes = routes
@@ -84,10 +87,14 @@ class GatewayServer:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.max_waiting = max_waiting
+        self.max_waiting_per_org = max_waiting if max_waiting_per_org is None \
+            else max_waiting_per_org
         self.max_wait_ms = max_wait_ms
         self.result_grace_ms = result_grace_ms
         self.ready = ready
         self.waiting = 0
+        #: Waiting requests per org (an org with none has no entry).
+        self.waiting_by_org: dict[str, int] = {}
         # Read at scrape time: nothing per request.
         metrics.waiting.set_function(lambda: self.waiting)
         #: Request ids: random per process (no two gateways, or starts, share one),
@@ -205,12 +212,20 @@ class GatewayServer:
             return self._error(route, Failure(
                 503, "gateway_full", f"{self.waiting} requests are waiting at this gateway "
                 "(max_waiting_requests); retry shortly", retry_after_ms=1000))
+        mine = self.waiting_by_org.get(org, 0)
+        if mine >= self.max_waiting_per_org:
+            self.metrics.refused_org_full.inc()
+            return self._error(route, Failure(
+                429, "org_waiting_limit", f"{mine} requests of this org are waiting at this "
+                "gateway (its share of max_waiting_requests); retry shortly",
+                retry_after_ms=1000))
         deadline_ms = self._deadline_ms(request)
         rid = f"{self._id_prefix}{next(self._ids):x}"
         req = Request(id=rid, org=org, endpoint=call.endpoint, input=call.input,
                       priority=call.priority, deadline_ms=deadline_ms,
                       created_ms=int(time.time() * 1000), reply_to=self.client.reply_topic)
         self.waiting += 1
+        self.waiting_by_org[org] = mine + 1
         self._idle.clear()
         answered = False
         try:
@@ -232,6 +247,10 @@ class GatewayServer:
             if not answered:
                 self.client.abandon(rid)
             self.waiting -= 1
+            if (left := self.waiting_by_org[org] - 1) > 0:
+                self.waiting_by_org[org] = left
+            else:
+                del self.waiting_by_org[org]
             if self.waiting == 0:
                 self._idle.set()
         failure = failure_of(result)

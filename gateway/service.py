@@ -93,7 +93,10 @@ class GatewayService(Service):
         self.server = GatewayServer(
             routes(settings.max_waiting_requests), lambda: self.catalog, self.client,
             self.metrics, max_body_bytes=settings.max_body_bytes,
-            max_waiting=settings.max_waiting_requests, max_wait_ms=settings.max_wait_ms,
+            max_waiting=settings.max_waiting_requests,
+            max_waiting_per_org=max(1, int(settings.org_waiting_share
+                                           * settings.max_waiting_requests)),
+            max_wait_ms=settings.max_wait_ms,
             result_grace_ms=settings.result_grace_ms, log_lines_per_s=settings.log_lines_per_s,
             ready=self.readiness)
 

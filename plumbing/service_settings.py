@@ -244,6 +244,11 @@ class GatewaySettings(ServiceSettings, frozen=True):
         "Requests waiting for their result at once; one more gets 503 at once, so the "
         "memory the waits hold is bounded (docs/benchmarks.md measures it per request).",
         ge=1)] = 10_000
+    org_waiting_share: Annotated[float, doc(
+        "The share of max_waiting_requests one org may have waiting at once; its next "
+        "request past it gets 429 (org_waiting_limit, Retry-After) while other orgs still "
+        "get in, so one org's bulk job cannot fill the gateway. 1: no limit of its own.",
+        gt=0, le=1)] = 0.5
     max_wait_ms: Annotated[int, doc(
         "Deadline of a request whose client sends no timeout (x-stainless-read-timeout, "
         "X-Request-Timeout); a client's longer timeout is cut to it. The pipeline expires "

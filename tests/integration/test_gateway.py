@@ -80,20 +80,44 @@ async def test_body_too_large_is_413_unread(kafka_settings, topic_prefix):
         assert stack.admission.totals["admitted"] == 1
 
 
+async def _post(http, key: str = KEY) -> tuple[int, dict, dict]:
+    async with http.post("/v1/embeddings", json=_embed(), headers=_auth(key)) as r:
+        return r.status, dict(r.headers), await r.json()
+
+
 async def test_full_gateway_refuses_at_once_with_503(kafka_settings, topic_prefix):
     """With max_waiting_requests waiting, one more gets 503 and Retry-After; the others are served."""
     async with gateway(kafka_settings, topic_prefix, model="fake:ms_per_batch=600",
                        max_waiting_requests=2) as (stack, http):
-        async def post():
-            async with http.post("/v1/embeddings", json=_embed(), headers=_auth()) as r:
-                return r.status, dict(r.headers), await r.json()
-        first = [asyncio.ensure_future(post()) for _ in range(2)]
+        # One of each org: each within its share (half), the gateway full.
+        first = [asyncio.ensure_future(_post(http, key)) for key in (KEY, OTHER)]
         await until(lambda: stack.gateway.server.waiting == 2, "two requests waiting")
-        status, headers, body = await post()
+        status, headers, body = await _post(http)
         assert status == 503 and body["error"]["code"] == "gateway_full"
         assert headers["Retry-After"] == "1"
         assert [s for s, _h, _b in await asyncio.gather(*first)] == [200, 200]
         assert stack.gateway.server.waiting == 0
+
+
+async def test_one_org_past_its_share_gets_429_and_the_others_still_get_in(
+        kafka_settings, topic_prefix):
+    """An org with its share of the room waiting (half of 4) gets 429 with Retry-After for
+    its next request, counted; another org's request is taken and served meanwhile."""
+    async with gateway(kafka_settings, topic_prefix, model="fake:ms_per_batch=300",
+                       max_waiting_requests=4) as (stack, http):
+        server = stack.gateway.server
+        bulk = [asyncio.ensure_future(_post(http)) for _ in range(2)]
+        await until(lambda: server.waiting_by_org.get("acme") == 2, "acme's two waiting")
+        status, headers, body = await _post(http)
+        assert (status, body["error"]["code"], headers["Retry-After"]) == (
+            429, "org_waiting_limit", "1")
+        assert server.metrics.refused_org_full._value.get() == 1
+        other = asyncio.ensure_future(_post(http, OTHER))
+        await until(lambda: server.waiting_by_org.get("other") == 1, "the other org's waiting")
+        assert (await other)[0] == 200
+        assert [s for s, _h, _b in await asyncio.gather(*bulk)] == [200, 200]
+        assert server.waiting == 0 and server.waiting_by_org == {}
+        assert (await _post(http))[0] == 200  # its room back once its requests were answered
 
 
 async def test_disconnect_ends_the_wait_and_drops_the_result(kafka_settings, topic_prefix):
