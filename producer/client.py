@@ -188,6 +188,7 @@ class FairnessClient(StartStop):
         self.max_in_flight = max_in_flight
         self.in_flight_wait_s = in_flight_wait_s
         self._room = asyncio.Event()  # set whenever a request in flight ends
+        self._stopping = False
         self.unclaimed = 0
         self.duplicates = 0
         self._producer: Producer | None = None
@@ -212,6 +213,7 @@ class FairnessClient(StartStop):
     async def start(self) -> None:
         """Create the reply topic if it is ours, connect, and start reading results."""
         self._started_ms = int(time.time() * 1000)
+        self._stopping = False
         counts = await ensure_topics(self.settings, {self.reply_topic: 1})
         producer = self._producer = make_producer(self.settings)
         await producer.start()
@@ -300,6 +302,8 @@ class FairnessClient(StartStop):
         left behind: closing a client never hangs its caller.
         """
         limit = self.stop_timeout_s
+        self._stopping = True
+        self._room.set()  # a submit waiting for room ends now, not at its bound
         if self._keeper is not None:
             await stop_within(self._keeper.stop(), limit, "the client's topic keeper to stop",
                               log=log)
@@ -386,6 +390,9 @@ class FairnessClient(StartStop):
         assert limit is not None
         deadline = time.monotonic() + self.in_flight_wait_s
         while len(self._outstanding) >= limit:
+            if self._stopping:
+                raise RuntimeError(f"FairnessClient stopped while a submit waited for room "
+                                   f"(max_in_flight = {limit}): not sent")
             self._room.clear()
             try:
                 await within(self._room.wait(), max(0.0, deadline - time.monotonic()))

@@ -94,6 +94,21 @@ async def test_a_bound_no_result_frees_says_what_it_waited_for(kafka_settings, t
     assert ids == ["r0"], "the one past the bound was not sent"
 
 
+async def test_a_submit_waiting_for_room_ends_when_the_client_stops(kafka_settings,
+                                                                   topic_prefix):
+    cfg = make_config(topic_prefix)
+    await ensure_topics(kafka_settings, Topics.of(cfg).all(cfg))
+    client = FairnessClient(kafka_settings, cfg, max_in_flight=1, in_flight_wait_s=60)
+    await client.start()
+    await client.submit(request(0))
+    waiting = asyncio.create_task(client.submit(request(1)))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await client.stop()
+    with pytest.raises(RuntimeError, match="stopped while a submit waited for room"):
+        await asyncio.wait_for(waiting, 5)
+
+
 def test_a_bound_under_one_is_refused(kafka_settings):
     with pytest.raises(ValueError, match="max_in_flight must be 1 or more, not 0"):
         FairnessClient(kafka_settings, max_in_flight=0)
