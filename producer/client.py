@@ -440,7 +440,8 @@ class FairnessClient(StartStop):
         Its result, when it comes, is dropped (with ``keep_unclaimed`` off) or
         handed to :meth:`results`; nothing of it is held until then.
         """
-        if self._outstanding.pop(request_id, 0) is None:
+        if request_id in self._outstanding:
+            del self._outstanding[request_id]
             self._room.set()
         self._ready.pop(request_id, None)
         fut = self._waiters.pop(request_id, None)

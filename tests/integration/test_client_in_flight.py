@@ -75,8 +75,14 @@ async def test_a_submit_past_the_bound_waits_for_a_result(kafka_settings, topic_
         assert client.waiting == 2
         # A resubmitted id already in flight takes no new room: it does not wait.
         assert await asyncio.wait_for(client.submit(request(1)), 5) == "r1"
+        # One abandoned (its caller went away) frees its room as a result does.
+        fourth = asyncio.create_task(client.submit(request(3)))
+        await asyncio.sleep(0.3)
+        assert not fourth.done(), "two in flight: the fourth waits"
+        client.abandon("r1")
+        assert await asyncio.wait_for(fourth, 5) == "r3"
     ids = await ingress_ids(kafka_settings, topics.ingress, cfg.service.ingress_partitions)
-    assert sorted(ids) == ["r0", "r1", "r1", "r2"]
+    assert sorted(ids) == ["r0", "r1", "r1", "r2", "r3"]
 
 
 async def test_a_bound_no_result_frees_says_what_it_waited_for(kafka_settings, topic_prefix):
