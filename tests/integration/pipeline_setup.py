@@ -29,8 +29,8 @@ from schemas.topics import Topics
 from tests.packed import messages_in
 from worker.service import WorkerService, WorkerSettings
 
-__all__ = ["Reader", "fake_worker", "make_config", "produce", "request", "rerank_request",
-           "running", "sample", "until"]
+__all__ = ["Reader", "fake_worker", "make_config", "produce", "read_topic", "request",
+           "rerank_request", "running", "sample", "until"]
 
 _MSGPACK = [("content-type", b"application/msgpack")]
 
@@ -93,6 +93,26 @@ async def produce(kafka: KafkaSettings, topic_of, records) -> list:
     finally:
         await producer.stop()
     return metas
+
+
+async def read_topic(kafka: KafkaSettings, topic: str, partitions: int) -> list:
+    """Every record ``topic`` holds now, partition by partition (no group): fetches
+    until one brings nothing after some did, twenty at the most (200 ms each)."""
+    consumer = make_consumer(kafka, group_id=None)
+    await consumer.start()
+    out: list = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        for _ in range(20):
+            got = await consumer.getmany(timeout_ms=200)
+            out += [rec for records in got.values() for rec in records]
+            if not got and out:
+                break
+    finally:
+        await consumer.stop()
+    return out
 
 
 async def until(cond: Callable[[], bool], what: str, timeout_s: float = 15.0,

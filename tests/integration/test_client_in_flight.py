@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka.structs import TopicPartition
 
-from plumbing.kafka import make_consumer, make_producer
+from plumbing.kafka import make_producer
 from plumbing.topics import ensure_topics
 from producer.client import FairnessClient
 from schemas.codec import codec_for, content_type
 from schemas.messages import Request, Result
 from schemas.topics import Topics
-from tests.integration.pipeline_setup import make_config
+from tests.integration.pipeline_setup import make_config, read_topic
 
 
 def request(i: int) -> dict:
@@ -40,22 +39,8 @@ async def answer(kafka_settings, client: FairnessClient, rid: str) -> None:
 
 async def ingress_ids(kafka_settings, topic: str, partitions: int) -> list[str]:
     """The ids of every request the ingress topic holds."""
-    consumer = make_consumer(kafka_settings, group_id=None)
-    await consumer.start()
-    ids: list[str] = []
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        for _ in range(10):
-            got = await consumer.getmany(timeout_ms=200)
-            ids += [codec_for(Request).decode(r.value, "json").id
-                    for recs in got.values() for r in recs]
-            if not got and ids:
-                break
-    finally:
-        await consumer.stop()
-    return ids
+    return [codec_for(Request).decode(r.value, "json").id
+            for r in await read_topic(kafka_settings, topic, partitions)]
 
 
 async def test_a_submit_past_the_bound_waits_for_a_result(kafka_settings, topic_prefix):

@@ -9,17 +9,17 @@ import time
 from pathlib import Path
 
 import pytest
-from aiokafka.structs import TopicPartition
 
 from app.replay_cli import add_arguments, replay_command
 from app.stack import Stack
-from plumbing.kafka import KafkaSettings, make_consumer, make_producer
+from plumbing.kafka import KafkaSettings, make_producer
 from plumbing.topics import ensure_topics
 from schemas.build import build_config
 from schemas.codec import codec_for, content_type, format_from_headers
 from schemas.config import Config
 from schemas.messages import EmbedInput, Request, RerankInput
 from schemas.topics import Topics
+from tests.integration.pipeline_setup import read_topic
 from traffic.replay import ReplaySettings, replay
 from traffic.replay_sources import ReplayItem, read_window
 from traffic.trace import TraceRecord, noisy_neighbour, write_trace
@@ -75,23 +75,10 @@ async def produce_windows(kafka: KafkaSettings, topic: str, prefix: str
 
 
 async def read_all(kafka: KafkaSettings, topic: str, partitions: int) -> list[tuple[str, Request]]:
-    consumer = make_consumer(kafka, group_id=None)
-    await consumer.start()
     out = []
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        for _ in range(20):
-            got = await consumer.getmany(timeout_ms=200)
-            for records in got.values():
-                for rec in records:
-                    fmt = format_from_headers(rec.headers)
-                    out.append((fmt, _codec.decode(rec.value, fmt)))
-            if not got and out:
-                break
-    finally:
-        await consumer.stop()
+    for rec in await read_topic(kafka, topic, partitions):
+        fmt = format_from_headers(rec.headers)
+        out.append((fmt, _codec.decode(rec.value, fmt)))
     return out
 
 
