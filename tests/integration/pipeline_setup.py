@@ -22,15 +22,15 @@ from aiokafka.structs import TopicPartition
 
 from plumbing.kafka import KafkaSettings, make_consumer, make_producer, stop_consumer
 from schemas.build import build_config
-from schemas.codec import codec_for
+from schemas.codec import DecodeError, codec_for, format_from_headers
 from schemas.config import Config
 from schemas.messages import AdmittedRequest, EmbedInput, RerankInput, Result
 from schemas.topics import Topics
 from tests.packed import messages_in
 from worker.service import WorkerService, WorkerSettings
 
-__all__ = ["Reader", "fake_worker", "make_config", "produce", "read_topic", "request",
-           "rerank_request", "running", "sample", "until"]
+__all__ = ["Reader", "fake_worker", "make_config", "produce", "request", "rerank_request",
+           "running", "sample", "until"]
 
 _MSGPACK = [("content-type", b"application/msgpack")]
 
@@ -95,26 +95,6 @@ async def produce(kafka: KafkaSettings, topic_of, records) -> list:
     return metas
 
 
-async def read_topic(kafka: KafkaSettings, topic: str, partitions: int) -> list:
-    """Every record ``topic`` holds now, partition by partition (no group): fetches
-    until one brings nothing after some did, twenty at the most (200 ms each)."""
-    consumer = make_consumer(kafka, group_id=None)
-    await consumer.start()
-    out: list = []
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        for _ in range(20):
-            got = await consumer.getmany(timeout_ms=200)
-            out += [rec for records in got.values() for rec in records]
-            if not got and out:
-                break
-    finally:
-        await consumer.stop()
-    return out
-
-
 async def until(cond: Callable[[], bool], what: str, timeout_s: float = 15.0,
                 step_s: float = 0.02) -> None:
     """Poll ``cond`` until it holds; fail naming ``what`` after ``timeout_s``."""
@@ -140,6 +120,9 @@ class Reader:
         self.items: list = []
         #: (partition, offset) of each item, in the same order.
         self.where: list[tuple[int, int]] = []
+        #: The wire format of each item's record ("json", "msgpack"; None where its
+        #: content-type names none this project reads), in the same order.
+        self.formats: list[str | None] = []
 
     async def __aenter__(self):
         self.consumer = make_consumer(self.kafka, group_id=None)
@@ -157,9 +140,14 @@ class Reader:
         for records in got.values():
             for rec in records:
                 # A pack's items each count as one, at their record's place.
+                try:
+                    fmt: str | None = format_from_headers(rec.headers)
+                except DecodeError:
+                    fmt = None  # its items are DecodeErrors too (messages_in)
                 for msg in messages_in(self.typ, rec.value, rec.headers):
                     self.items.append(msg)
                     self.where.append((rec.partition, rec.offset))
+                    self.formats.append(fmt)
 
     async def until(self, done: Callable[[list], bool], what: str,
                     timeout_s: float = 15.0) -> list:

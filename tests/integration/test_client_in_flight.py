@@ -16,7 +16,7 @@ from producer.client import FairnessClient
 from schemas.codec import codec_for, content_type
 from schemas.messages import Request, Result
 from schemas.topics import Topics
-from tests.integration.pipeline_setup import make_config, read_topic
+from tests.integration.pipeline_setup import Reader, make_config
 
 
 def request(i: int) -> dict:
@@ -37,16 +37,23 @@ async def answer(kafka_settings, client: FairnessClient, rid: str) -> None:
         await producer.stop()
 
 
-async def ingress_ids(kafka_settings, topic: str, partitions: int) -> list[str]:
+@pytest.fixture
+async def cfg(kafka_settings, topic_prefix):
+    """The test's configuration, its topics made."""
+    config = make_config(topic_prefix)
+    await ensure_topics(kafka_settings, Topics.of(config).all(config))
+    return config
+
+
+async def ingress_ids(kafka_settings, cfg) -> list[str]:
     """The ids of every request the ingress topic holds."""
-    return [codec_for(Request).decode(r.value, "json").id
-            for r in await read_topic(kafka_settings, topic, partitions)]
+    async with Reader(kafka_settings, Topics.of(cfg).ingress, cfg.service.ingress_partitions,
+                      typ=Request) as reader:
+        await reader.settle(quiet_s=0)
+    return [r.id for r in reader.items]
 
 
-async def test_a_submit_past_the_bound_waits_for_a_result(kafka_settings, topic_prefix):
-    cfg = make_config(topic_prefix)
-    topics = Topics.of(cfg)
-    await ensure_topics(kafka_settings, topics.all(cfg))
+async def test_a_submit_past_the_bound_waits_for_a_result(kafka_settings, cfg):
     async with FairnessClient(kafka_settings, cfg, max_in_flight=2,
                               in_flight_wait_s=30) as client:
         await client.submit(request(0))
@@ -66,14 +73,11 @@ async def test_a_submit_past_the_bound_waits_for_a_result(kafka_settings, topic_
         assert not fourth.done(), "two in flight: the fourth waits"
         client.abandon("r1")
         assert await asyncio.wait_for(fourth, 5) == "r3"
-    ids = await ingress_ids(kafka_settings, topics.ingress, cfg.service.ingress_partitions)
+    ids = await ingress_ids(kafka_settings, cfg)
     assert sorted(ids) == ["r0", "r1", "r1", "r2", "r3"]
 
 
-async def test_a_bound_no_result_frees_says_what_it_waited_for(kafka_settings, topic_prefix):
-    cfg = make_config(topic_prefix)
-    topics = Topics.of(cfg)
-    await ensure_topics(kafka_settings, topics.all(cfg))
+async def test_a_bound_no_result_frees_says_what_it_waited_for(kafka_settings, cfg):
     async with FairnessClient(kafka_settings, cfg, max_in_flight=1,
                               in_flight_wait_s=0.3) as client:
         await client.submit(request(0))
@@ -81,14 +85,11 @@ async def test_a_bound_no_result_frees_says_what_it_waited_for(kafka_settings, t
                                                r"\(max_in_flight = 1\).*not sent"):
             await client.submit(request(1))
         assert client.waiting == 1
-    ids = await ingress_ids(kafka_settings, topics.ingress, cfg.service.ingress_partitions)
+    ids = await ingress_ids(kafka_settings, cfg)
     assert ids == ["r0"], "the one past the bound was not sent"
 
 
-async def test_a_submit_waiting_for_room_ends_when_the_client_stops(kafka_settings,
-                                                                   topic_prefix):
-    cfg = make_config(topic_prefix)
-    await ensure_topics(kafka_settings, Topics.of(cfg).all(cfg))
+async def test_a_submit_waiting_for_room_ends_when_the_client_stops(kafka_settings, cfg):
     client = FairnessClient(kafka_settings, cfg, max_in_flight=1, in_flight_wait_s=60)
     await client.start()
     await client.submit(request(0))

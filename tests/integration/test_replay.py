@@ -15,11 +15,11 @@ from app.stack import Stack
 from plumbing.kafka import KafkaSettings, make_producer
 from plumbing.topics import ensure_topics
 from schemas.build import build_config
-from schemas.codec import codec_for, content_type, format_from_headers
+from schemas.codec import codec_for, content_type
 from schemas.config import Config
 from schemas.messages import EmbedInput, Request, RerankInput
 from schemas.topics import Topics
-from tests.integration.pipeline_setup import read_topic
+from tests.integration.pipeline_setup import Reader
 from traffic.replay import ReplaySettings, replay
 from traffic.replay_sources import ReplayItem, read_window
 from traffic.trace import TraceRecord, noisy_neighbour, write_trace
@@ -75,11 +75,10 @@ async def produce_windows(kafka: KafkaSettings, topic: str, prefix: str
 
 
 async def read_all(kafka: KafkaSettings, topic: str, partitions: int) -> list[tuple[str, Request]]:
-    out = []
-    for rec in await read_topic(kafka, topic, partitions):
-        fmt = format_from_headers(rec.headers)
-        out.append((fmt, _codec.decode(rec.value, fmt)))
-    return out
+    """Every request ``topic`` holds, with its record's wire format."""
+    async with Reader(kafka, topic, partitions, typ=Request) as reader:
+        await reader.settle(quiet_s=0)
+    return list(zip(reader.formats, reader.items, strict=True))
 
 
 async def test_replay_of_the_middle_window_resends_exactly_its_records(
