@@ -323,9 +323,10 @@ class FlowControl:
         """
         full = self.full_batch_tokens.get(endpoint, 0)
         for w in self._by_endpoint.get(endpoint, {}).values():
+            if not (w.usable and self.owned(w)):
+                continue  # no batch goes there: its work ahead is not asked for
             ahead = self.work_ahead_ms(w)
-            if (ahead is not None and w.usable and self.owned(w)
-                    and ahead <= batches * w.credit.estimate_ms(full)):
+            if ahead is not None and ahead <= batches * w.credit.estimate_ms(full):
                 return True
         return False
 
