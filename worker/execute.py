@@ -69,9 +69,9 @@ from schemas.messages import AdmittedRequest, Batch, EmbedInput, RerankInput, Re
 from worker.calibration import CALIBRATION_TEXTS, RangeCache
 from worker.call_cost import CallCost
 from worker.credit_return import release_step
-from worker.interface import DEFAULT_OPTIONS, Embedder, EncodeOptions, Reranker
+from worker.interface import DEFAULT_OPTIONS, Embedder, EncodeOptions, EncodeOutput, Reranker
 from worker.microbatch import padded_tokens, plan_microbatches, plan_with_head
-from worker.model_thread import Job, ModelThread
+from worker.model_thread import Job, Joinable, ModelThread
 from worker.request_options import (
     calibration_options,
     embedding_fields,
@@ -103,6 +103,9 @@ class MicrobatchStats:
     seconds: float
     tokens: int
     padded: int
+    #: An express batch's call that carried the next call's texts too (one model
+    #: call for two: :class:`worker.model_thread.Joinable`).
+    joined: bool = False
 
 
 @dataclass
@@ -168,6 +171,11 @@ def _too_long_message(has: str, limit: int) -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _rows(out: EncodeOutput, start: int, stop: int) -> EncodeOutput:
+    """Rows ``start:stop`` of a model call's output (a joined call's part)."""
+    return EncodeOutput(out.vectors[start:stop], out.truncated[start:stop])
 
 
 def _call_padded(capped: list[int]) -> int:
@@ -276,8 +284,12 @@ class BatchExecutor:
                           on_start: OnStart | None = None, expect_s: float | None = None,
                           on_begin: Callable[[Job | None], None] | None = None,
                           follows: Job | None = None, urgent: bool = False,
-                          **kwargs: Any) -> tuple[Any, float]:
-        """A model call and the seconds it had the model (its time in the queue excluded).
+                          join: Joinable | None = None,
+                          **kwargs: Any) -> tuple[Any, float, tuple[list[int], bool] | None]:
+        """A model call, the seconds it had the model (its time in the queue
+        excluded) and, if it shared its model call (``join``,
+        :class:`worker.model_thread.Joinable`), the whole call's lengths and
+        whether it reports that call (None: it ran alone).
 
         Handed to the model's thread at once (:mod:`worker.model_thread`),
         as the continuation of ``follows`` if given: it runs there after the
@@ -289,7 +301,6 @@ class BatchExecutor:
         ``started`` that no call started before; then ``on_begin`` with this
         call (its batch hands over its next micro-batch then, to follow it).
         """
-        held: list[float] = []
         job: Job | None = None
         waiting = True  # False once the caller stopped waiting: nothing to announce
 
@@ -308,24 +319,20 @@ class BatchExecutor:
             begin(_now_ms())
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
-            return out, time.perf_counter() - t0
+            return out, time.perf_counter() - t0, None
         loop = asyncio.get_running_loop()
 
-        def call() -> Any:
-            t0 = time.perf_counter()
+        def began() -> None:  # in the model's thread, as the call begins
             loop.call_soon_threadsafe(begin, _now_ms())
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                held.append(time.perf_counter() - t0)
 
-        job = self._thread.submit(call, follows=follows, urgent=urgent)
+        job = self._thread.submit(functools.partial(fn, *args, **kwargs), follows=follows,
+                                  urgent=urgent, join=join, began=began)
         try:
             out = await job.future
         except asyncio.CancelledError:
             waiting = False
             raise
-        return out, held[0]
+        return out, job.seconds, job.joined
 
     # -- embeddings ------------------------------------------------------------
 
@@ -527,24 +534,27 @@ class BatchExecutor:
                            on_begin: Callable[[Job | None], None] | None = None,
                            follows: Job | None = None, urgent: bool = False) -> None:
         extra = _encode_kwargs(options)
+        items, sizes = [texts[k] for k in idx], [lengths[k] for k in idx]
         try:
-            out, seconds = await self._timed_call(
-                model.encode, [texts[k] for k in idx], lengths=[lengths[k] for k in idx],
+            out, seconds, joined = await self._timed_call(
+                model.encode, items, lengths=sizes,
                 started=[pending[i] for i in sorted({owner[k][0] for k in idx})],
                 on_start=on_start, on_begin=on_begin, follows=follows, urgent=urgent,
                 expect_s=self._expect_s([min(lengths[k], model.max_seq_length) for k in idx]),
+                join=Joinable(model.encode, items, sizes, extra, self._fits_one_call, _rows),
                 **extra)
         except Exception:  # noqa: BLE001 - retried request by request below
             out = None
         if out is not None:
-            self._account(seconds, idx, lengths, owner, pending, model.max_seq_length)
+            self._account(seconds, idx, lengths, owner, pending, model.max_seq_length,
+                          joined=joined)
             for row, k in enumerate(idx):
                 self._place(pending, owner[k], out.vectors[row], out.truncated[row])
             return
         for i in sorted({owner[k][0] for k in idx}):
             ks = [k for k in idx if owner[k][0] == i]
             try:
-                one, seconds = await self._timed_call(model.encode, [texts[k] for k in ks],
+                one, seconds, _ = await self._timed_call(model.encode, [texts[k] for k in ks],
                                                       lengths=[lengths[k] for k in ks],
                                                       started=[pending[i]],
                                                       on_start=on_start, on_begin=on_begin,
@@ -558,24 +568,45 @@ class BatchExecutor:
                 self._place(pending, owner[k], one.vectors[row], one.truncated[row])
 
     def _account(self, seconds: float, idx: Sequence[int], lengths: Sequence[int],
-                 owner: Sequence[tuple[int, int]], pending: list[_Pending], max_seq: int) -> None:
+                 owner: Sequence[tuple[int, int]], pending: list[_Pending], max_seq: int,
+                 joined: tuple[list[int], bool] | None = None) -> None:
+        """A call's seconds shared among its requests by their tokens, and the call
+        measured; ``joined`` (it shared a model call with another batch's: that
+        call's lengths, and whether this one reports it): shared over that whole
+        call, and measured once, whole."""
         capped = [min(lengths[k], max_seq) for k in idx]
-        total = sum(capped) or 1
+        whole = capped if joined is None else [min(n, max_seq) for n in joined[0]]
+        total = sum(whole) or 1
         for c, k in zip(capped, idx, strict=True):
             pending[owner[k][0]].seconds += seconds * c / total
-        padded = self._measured(seconds, capped)
-        if padded > 0 and seconds >= 0 and self._sizeable(len(idx), padded):
+        if joined is not None and not joined[1]:
+            return
+        padded = self._measured(seconds, whole, joined=joined is not None)
+        if padded > 0 and seconds >= 0 and self._sizeable(len(whole), padded):
             self.seconds_per_padded_token = _ema(self.seconds_per_padded_token, seconds / padded)
         elif padded > 0 and seconds >= 0:
             self.seconds_per_small_call = _ema(self.seconds_per_small_call, seconds)
 
-    def _measured(self, seconds: float, capped: list[int]) -> int:
+    def _measured(self, seconds: float, capped: list[int], *, joined: bool = False) -> int:
         """One model call measured, on texts of these (capped) lengths: what a call costs
         is learned from it and it is reported. Its padded tokens."""
         padded = _call_padded(capped)
         self.call_cost.observe(padded, seconds)
-        self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded))
+        self._on_microbatch(MicrobatchStats(seconds, sum(capped), padded, joined))
         return padded
+
+    def _fits_one_call(self, first: Sequence[int], then: Sequence[int]) -> bool:
+        """Whether two calls' texts (their token lengths) go in one model call:
+        within one call's budget, and padding no more than a call's fixed cost
+        (:meth:`call_tokens`) above what the two would pad apart."""
+        limit = self.model.max_seq_length
+        a = [min(n, limit) for n in first]
+        b = [min(n, limit) for n in then]
+        if len(a) + len(b) > self.max_size:
+            return False
+        both = _call_padded(a + b)
+        return (both <= self.max_padded_tokens
+                and both <= _call_padded(a) + _call_padded(b) + self.call_tokens())
 
     def call_tokens(self) -> float:
         """What the planner is told a call's fixed cost is worth (padded tokens)."""
@@ -661,8 +692,8 @@ class BatchExecutor:
             step = model.score_groups(inp.query, documents, plan, lengths=lengths, **extra)
             model_s = 0.0  # the seconds it had the model, not its waits for it
             while True:
-                item, seconds = await self._timed_call(next, step, None, on_start=on_start,
-                                                       urgent=urgent)
+                item, seconds, _ = await self._timed_call(next, step, None, on_start=on_start,
+                                                          urgent=urgent)
                 urgent = False
                 model_s += seconds
                 if item is None:

@@ -52,6 +52,10 @@ class WorkerMetrics:
                                  "What one model call's fixed cost is worth in padded tokens, as "
                                  "the micro-batch planner uses it (0: each call filled to its "
                                  "budget)", ["endpoint"], registry=r)
+        self.joined_calls = Counter(f"{p}_joined_calls_total",
+                                    "Model calls an express batch's first call shared with the "
+                                    "call waiting next (one call for two)", ["endpoint"],
+                                    registry=r)
         self.in_hand = Gauge(f"{p}_batches_in_hand", "Batches taken and not yet finished",
                              ["endpoint"], registry=r)
         self.failures = Counter(f"{p}_failures_total", "Records and sends that failed, by reason",

@@ -680,6 +680,8 @@ class WorkerService(Service):
             m.tokens_per_s.labels(self.endpoint).set(s.tokens / s.seconds)
         if s.tokens > 0:
             m.padding.labels(self.endpoint).observe(s.padded / s.tokens)
+        if s.joined:
+            m.joined_calls.labels(self.endpoint).inc()
         if self.executor is not None:
             m.call_tokens.labels(self.endpoint).set(self.executor.call_tokens())
 

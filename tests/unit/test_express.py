@@ -344,10 +344,11 @@ def _one(n: int, text: str, kind: str, *, express: bool = False) -> Batch:
 
 @pytest.mark.parametrize("kind", ["embed", "rerank"])
 async def test_an_express_batchs_first_call_runs_before_a_batch_already_waiting(kind):
-    """The call in progress ends first; then the express batch, then the one queued before it."""
+    """The call in progress ends first; then the express batch, then the one queued before it
+    (embeddings: calls of one text at most, so that the two cannot share a call)."""
     embedder = Gated(hold={"first"})
     model = embedder if kind == "embed" else CosineReranker(embedder, name="gated")
-    ex = BatchExecutor(model, kind, worker="w")
+    ex = BatchExecutor(model, kind, worker="w", max_size=1)
 
     async def serve(b: Batch) -> None:
         async for _ in ex.serve(b):
@@ -366,6 +367,44 @@ async def test_an_express_batchs_first_call_runs_before_a_batch_already_waiting(
     await asyncio.wait_for(asyncio.gather(running, queued, express), 10)
     firsts = [c for c in embedder.calls if not c.endswith("doc")]
     assert firsts == ["first", "express", "queued"]
+    ex.close()
+
+
+async def test_an_express_batchs_first_call_shares_the_waiting_call_measured_once():
+    """Where the call waiting next has room, the express batch's first call carries its
+    texts: one model call for both (its fixed cost paid once), each batch its results,
+    the call measured and reported once, its seconds shared by tokens."""
+    embedder = Gated(hold={"first"})
+    stats: list = []
+    ex = BatchExecutor(embedder, "embed", worker="w", on_microbatch=stats.append)
+    got: dict[str, list] = {}
+
+    async def serve(b: Batch) -> None:
+        got[b.id] = [s.result for step in [x async for x in ex.serve(b)] for s in step]
+
+    running = asyncio.create_task(serve(_one(1, "first", "embed")))
+    await until(lambda: embedder.calls == ["first"], "the first batch's call to start",
+                timeout_s=10)
+    queued = asyncio.create_task(serve(_one(2, "queued", "embed")))
+    await until(lambda: len(ex._thread._queue) == 1, "the queued batch's call to wait",
+                timeout_s=10)
+    express = asyncio.create_task(serve(_one(3, "express", "embed", express=True)))
+    await until(lambda: len(ex._thread._queue) == 2, "the express batch's call to wait",
+                timeout_s=10)
+    embedder.gate.set()
+    await asyncio.wait_for(asyncio.gather(running, queued, express), 10)
+    assert embedder.texts == [["first"], ["express", "queued"]]
+    results = {b: [(r.id, r.status, r.batch_id) for r in rs] for b, rs in got.items()}
+    assert results == {"b1": [("r1", "ok", "b1")], "b2": [("r2", "ok", "b2")],
+                       "b3": [("r3", "ok", "b3")]}
+    # Each result is its own text's vector, not its neighbour's in the shared call.
+    alone = embedder.encode(["queued", "express"])
+    assert got["b2"][0].embeddings == [alone.vectors[0].tolist()]
+    assert got["b3"][0].embeddings == [alone.vectors[1].tolist()]
+    # Two calls made, two reported (a token a text), the second as joined.
+    assert [(s.tokens, s.joined) for s in stats] == [(1, False), (2, True)]
+    shared = [got[b][0].inference_ms for b in ("b2", "b3")]
+    assert shared[0] == shared[1] > 0  # one call's time, shared by tokens (one each)
     ex.close()
 
 

@@ -1,12 +1,14 @@
-"""ModelThread: one thread, calls in order, a continuation placed when its call ends."""
+"""ModelThread: one thread, calls in order, a continuation placed when its call ends,
+an urgent call sharing the next one's model call."""
 
 import asyncio
+import functools
 import threading
 
 import pytest
 
 from tests.integration.pipeline_setup import until
-from worker.model_thread import Job, ModelThread
+from worker.model_thread import Job, Joinable, ModelThread
 
 
 def gated(log: list[str], name: str, gate: threading.Event | None = None):
@@ -114,3 +116,75 @@ async def test_close_cancels_the_calls_not_started():
     assert log == ["running"]
     with pytest.raises(RuntimeError, match="closed"):
         t.submit(lambda: None)
+
+
+# -- joined calls --------------------------------------------------------------
+
+
+def model_fn(log: list):
+    """A model call on items: each item's output tagged with its length; ``boom`` raises."""
+    def fn(items, *, lengths, **kwargs):
+        log.append(tuple(items))
+        if "boom" in items:
+            raise ValueError("model exploded")
+        return [f"{x}:{n}" for x, n in zip(items, lengths, strict=True)]
+    return fn
+
+
+def submit_joinable(t: ModelThread, fn, items, *, urgent=False, kwargs=None,
+                    fits=lambda a, b: True) -> Job:
+    join = Joinable(fn, items, [len(x) for x in items], kwargs or {}, fits,
+                    lambda out, a, b: out[a:b])
+    return t.submit(functools.partial(fn, items, lengths=join.lengths, **join.kwargs),
+                    urgent=urgent, join=join)
+
+
+async def test_an_urgent_call_shares_one_model_call_with_the_call_after_it():
+    log: list = []
+    t = ModelThread()
+    fn = model_fn(log)
+    _, gate = await held_open(t, log, "running")
+    regular = submit_joinable(t, fn, ["bb", "ccc"])
+    later = submit_joinable(t, fn, ["dddd"])
+    urgent = submit_joinable(t, fn, ["a"], urgent=True)
+    gate.set()
+    got = await asyncio.wait_for(asyncio.gather(urgent.future, regular.future, later.future), 10)
+    assert log == ["running", ("a", "bb", "ccc"), ("dddd",)]
+    assert got == [["a:1"], ["bb:2", "ccc:3"], ["dddd:4"]]
+    # One call, reported once: by the urgent call, whose items came first.
+    assert urgent.joined == ([1, 2, 3], True) and regular.joined == ([1, 2, 3], False)
+    assert later.joined is None
+    assert urgent.seconds == regular.seconds > 0
+    t.close()
+
+
+async def test_only_an_urgent_call_joins_and_only_a_call_that_fits_and_computes_alike():
+    log: list = []
+    t = ModelThread()
+    fn, other = model_fn(log), model_fn(log)
+    _, gate = await held_open(t, log, "running")
+    jobs = [submit_joinable(t, fn, ["r1"]), submit_joinable(t, fn, ["r2"]),  # neither urgent
+            submit_joinable(t, fn, ["u1"], urgent=True, kwargs={"options": 1}),  # computes else
+            submit_joinable(t, fn, ["u2"], urgent=True, fits=lambda a, b: False),  # no room
+            submit_joinable(t, other, ["u3"], urgent=True)]  # another model
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), 10)
+    assert log == ["running", ("u1",), ("u2",), ("u3",), ("r1",), ("r2",)]
+    assert all(j.joined is None for j in jobs)
+    t.close()
+
+
+async def test_a_joined_calls_error_reaches_both_callers_and_the_thread_goes_on():
+    log: list = []
+    t = ModelThread()
+    fn = model_fn(log)
+    _, gate = await held_open(t, log, "running")
+    regular = submit_joinable(t, fn, ["boom"])
+    urgent = submit_joinable(t, fn, ["a"], urgent=True)
+    gate.set()
+    for job in (urgent, regular):
+        with pytest.raises(ValueError, match="model exploded"):
+            await asyncio.wait_for(job.future, 10)
+    assert log == ["running", ("a", "boom")]
+    assert await submit_joinable(t, fn, ["x"], urgent=True).future == ["x:1"]
+    t.close()

@@ -162,9 +162,12 @@ class Gated(FakeEmbedder):
         self.hold = set(hold)
         self.gate = threading.Event()
         self.calls: list[str] = []
+        #: Every call's texts, whole.
+        self.texts: list[list[str]] = []
 
     def encode(self, texts, *, lengths=None):
         self.calls.append(texts[0])
+        self.texts.append(list(texts))
         if texts[0] in self.hold:
             assert self.gate.wait(10), "the test never opened the gate"
         return super().encode(texts, lengths=lengths)
