@@ -142,14 +142,14 @@ class SchedulerSettings(ServiceSettings, frozen=True):
         "time.")] = True
     express_fill: Annotated[float, doc(
         "An express batch is topped up in DRR order, behind its fresh requests, to this "
-        "share of the endpoint's max_batch_tokens: a model call costs its fixed time "
-        "however little it carries, and the requests DRR would send next ride along. "
-        "1 (a full batch) makes an express batch take the place of a regular one and cost "
-        "a fleet busy for long about nothing, but a quiet org under a burst waits longer "
-        "for the next express batch (a full one returns its credit later: make demo's "
-        "scheduler-queue check fails); 0 sends the fresh requests alone (docs/load.md, "
-        "'Express batches as full batches').",
-        ge=0.0, le=1.0)] = 0.25
+        "share of the endpoint's max_batch_tokens. 0, the default, sends the fresh "
+        "requests alone: the worker runs them in the call waiting next where that call "
+        "has room (one fixed cost for both: worker/model_thread.py), which a top-up "
+        "would leave too big to join. 1 (a full batch) makes an express batch take the "
+        "place of a regular one, but a quiet org under a burst waits longer for the next "
+        "express batch (a full one returns its credit later) (docs/load.md, 'An express "
+        "call that rides the next one', 'Express batches as full batches').",
+        ge=0.0, le=1.0)] = 0.0
     express_horizon: Annotated[float, doc(
         "No express batch while a batch sent at a worker's next credit would start "
         "within this many full-batch times (the work whose credit the worker has not "

@@ -57,7 +57,7 @@ class Dispatcher:
     express: bool = True
     #: Top an express batch up in DRR order to this share of the endpoint's
     #: ``max_batch_tokens`` once the fresh orgs' requests are in it (0: nothing more).
-    express_fill: float = 0.25
+    express_fill: float = 0.0
     #: No express batch while a batch sent at a worker's next credit would start within
     #: this many full-batch times (:meth:`FlowControl.starts_within`): the fresh
     #: requests go first in that regular batch instead. 0 (the default): an express
@@ -84,16 +84,18 @@ class Dispatcher:
         the org's DRR deficit (ahead of its turn, not beyond its share) and
         it counts against the worker's credit like any batch; at most one
         per worker until the worker returns its credit (as it starts it),
-        within its ``slots`` (:meth:`FlowControl.claim`). Behind the fresh
-        requests it is topped up in DRR order to ``express_fill`` of a full
-        batch's tokens: a model call costs its fixed time however little it
-        carries, and the worker runs the fresh requests in a call of their own
-        first (:func:`worker.microbatch.plan_with_head`), the top-up after. A
-        full top-up would make it take the place of the next regular batch
-        (under a long backlog, a call's fixed time per express batch rather
-        than a share of the fleet's capacity), but a full batch returns its
-        credit later and the next quiet org waits for it (``docs/load.md``,
-        "Express batches as full batches").
+        within its ``slots`` (:meth:`FlowControl.claim`). By default it
+        carries the fresh requests alone, and the worker runs them in the
+        call waiting next where that has room (one call's fixed cost for
+        both: :class:`worker.model_thread.Joinable`). Behind them it may be
+        topped up in DRR order to ``express_fill`` of a full batch's tokens:
+        the worker then runs the fresh requests first
+        (:func:`worker.microbatch.plan_with_head`), the top-up after, and
+        the head is mostly too big to join. A full top-up makes it take the
+        place of the next regular batch, but a full batch returns its credit
+        later and the next quiet org waits for it (``docs/load.md``, "An
+        express call that rides the next one", "Express batches as full
+        batches").
         """
         for endpoint in self.core.endpoints:
             while self.core.held_in(endpoint) > 0 and may():

@@ -41,6 +41,9 @@ The model (discrete events, no wall clock anywhere):
   none goes out while a worker's work in hand ends within that many
   full-batch times (live counts the work whose credit the worker has not
   returned); the next regular batch takes the fresh orgs' requests first.
+  Not modelled: the live worker running an express batch's call inside the
+  call waiting next (:class:`worker.model_thread.Joinable`); here it pays
+  its own overhead, so express batches cost more than they do live.
 * **Service time** of a batch: ``overhead_ms + ms_per_token x batch
   tokens``. The defaults, 5 ms + 0.28 ms/token (about 3,500 tokens/s, a full
   4,096-token batch in 1.15 s), resemble all-MiniLM-L6-v2 on a few CPU
@@ -200,7 +203,7 @@ class SimSettings:
     express: bool = True
     #: The share of a full batch's tokens an express batch is topped up to
     #: (``SF_SCHEDULER_EXPRESS_FILL``, the same default).
-    express_fill: float = 0.25
+    express_fill: float = 0.0
     #: No express batch while a worker's work in hand ends within this many full-batch
     #: times; the next regular batch takes the fresh orgs' requests first
     #: (``SF_SCHEDULER_EXPRESS_HORIZON``, the same default, 0: no such wait).

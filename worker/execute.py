@@ -42,8 +42,13 @@ call before it begins, to follow it: the model goes on to the next call
 the moment the last one ends, while the event loop builds and writes that
 one's results. A newer batch's call handed over meanwhile goes first (the
 order the calls would have had asking for the model as the one before
-ended). A model that declares itself ``instant`` (a fake at zero time) is
-called on the loop.
+ended). An express batch's first call goes ahead of every call waiting,
+and carries the texts of the call waiting next where both fit one call
+(:class:`worker.model_thread.Joinable`, :meth:`BatchExecutor._fits_one_call`):
+the model pays one call's fixed cost for the two; that call is measured and
+reported once, its seconds shared by tokens among the requests of both. A
+model that declares itself ``instant`` (a fake at zero time) is called on
+the loop.
 """
 
 from __future__ import annotations

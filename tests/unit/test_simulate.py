@@ -267,9 +267,9 @@ def test_cli_json_has_the_documented_keys(tmp_path, capsys):
 def test_express_batches_take_the_victims_wait_down_and_the_flag_leaves_them_out(tmp_path):
     """As live: with every slot taken, the quiet org's request goes out at once and runs
     after the batch in progress (scheduler/dispatch.py). Its p99 falls from two full
-    batches to about one, with the fresh requests alone (``--express-fill 0``) as with
-    the default top-up to a quarter of a batch (the fresh requests in a call of their
-    own first, as the live worker runs them); ``--no-express`` gives the scheduler without
+    batches to about one, with the fresh requests alone (the default) as with a
+    top-up to a quarter of a batch (``--express-fill 0.25``: the fresh requests in a call
+    of their own first, as the live worker runs them); ``--no-express`` gives the scheduler without
     them. Nothing else changes: the burst is served in the same time, and FIFO takes
     no express batch."""
     from traffic.trace import write_trace
@@ -277,7 +277,7 @@ def test_express_batches_take_the_victims_wait_down_and_the_flag_leaves_them_out
     trace = tmp_path / "t.jsonl"
     write_trace(trace, noisy_neighbour(10_000))
     got = {}
-    for name, flag in (("fill", []), ("alone", ["--express-fill", "0"]),
+    for name, flag in (("fill", ["--express-fill", "0.25"]), ("alone", []),
                        ("off", ["--no-express"])):
         out = tmp_path / f"{name}.json"
         assert run(parse("--config", str(EXAMPLES / "config.toml"), "--trace", str(trace),
