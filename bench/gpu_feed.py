@@ -51,7 +51,6 @@ import os
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -61,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.processes import ProcessStack
 from bench.burst import start_burst
 from bench.figures import run_quietly
+from bench.scrape import scrape
 from plumbing.kafka import (
     EMBEDDED_SESSION_ENV,
     KafkaSettings,
@@ -111,18 +111,6 @@ def items(quiet_rps: float, quiet_s: float, tokens: int) -> list[ReplayItem]:
     return [ReplayItem(ts=i / quiet_rps, tokens=tokens, request=Request(
         id=f"q{i}", org=QUIET_ORG, endpoint="embed",
         input=synth.make_input("embed", tokens, f"q{i}"))) for i in range(n)]
-
-
-def scrape(port: int) -> dict[str, float]:
-    """A service's /metrics as {'name{labels}': value} (bounded by a 5 s timeout)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def model_seconds(stack: ProcessStack) -> float:

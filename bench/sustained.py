@@ -79,7 +79,10 @@ worst_light_org, express_share, batch_fill, tokens_per_model_s, model_busy,
 batches, not_ok, org_p99_ms, loadavg}}`` (live modes also ``peak_rss_mib``
 by process, ``send_lag_p99_ms``, ``busiest_stages_p99_ms``: the busiest
 org's p99 per stage, :mod:`traffic.stages`, also printed with its p50, and
-``light_stages_p99_ms``: the same over the light orgs' requests together) and
+``light_stages_p99_ms``: the same over the light orgs' requests together,
+and ``model_calls`` / ``joined_calls``: the worker's model calls, the
+warm-up's included, and those in which an express batch's call rode in the
+call waiting next, :class:`worker.model_thread.Joinable`) and
 the four ratios above (None where a run they need is not among ``--loads`` /
 ``--modes``).
 
@@ -90,6 +93,7 @@ Run: ``python bench/sustained.py`` (three loads of 60 s: about 10 minutes on
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import math
 import os
@@ -109,6 +113,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.processes import ProcessStack
 from bench.figures import run_quietly
+from bench.scrape import scrape
 from plumbing.broker import EmbeddedBroker
 from plumbing.kafka import (
     EMBEDDED_SESSION,
@@ -344,6 +349,7 @@ async def live(kafka: KafkaSettings, records: Sequence[TraceRecord], express: bo
                     await replay(kafka, built.config, warm, settings)
                     run = await replay(kafka, built.config, items, settings)
                     rss = {name: peak_rss_mib(proc.pid) for name, (proc, _) in st.procs.items()}
+                    worker = await asyncio.to_thread(scrape, st.procs["worker-embed"][1])
             finally:
                 await delete_topics(kafka, await describe_topics(kafka, built.config.service
                                                                  .topic_prefix))
@@ -355,6 +361,10 @@ async def live(kafka: KafkaSettings, records: Sequence[TraceRecord], express: bo
     out["peak_rss_mib"] = rss
     out["loadavg"] = [round(x, 2) for x in (*load_before, *os.getloadavg())]
     out["send_lag_p99_ms"] = run.stats["send_lag_ms"]["p99"]
+    # The worker's model calls (the warm-up's included), and those an express
+    # batch's call rode in (worker/model_thread.py's Joinable).
+    out["model_calls"] = int(worker.get('sf_worker_inference_seconds_count{endpoint="embed"}', 0))
+    out["joined_calls"] = int(worker.get('sf_worker_joined_calls_total{endpoint="embed"}', 0))
     # Where the busiest org's time went, stage by stage (the stamps its results carry).
     stages = stage_times(results_ms(g for it, g in zip(items, run.results, strict=True)
                                     if it.request.org == BUSY))
@@ -449,6 +459,11 @@ def print_table(out: dict[str, Any], args) -> None:
             for key in ("busiest_stage_line", "light_stage_line"):
                 if line := row[mode].get(key):
                     print(f"{load} %, {mode}: {line}")
+            if calls := row[mode].get("model_calls"):
+                joined = row[mode]["joined_calls"]
+                print(f"{load} %, {mode}: {calls:,} model calls (the warm-up's included), "
+                      f"{joined:,} of them an express batch's call joined to the next "
+                      f"({100 * joined / calls:.0f} %)")
     for load, row in out["loads"].items():
         orgs = list(row[args.modes[0]]["org_p99_ms"])
         print(f"\np99 ms per org at {load} %: " + " ".join(f"{m:>10}" for m in args.modes))
