@@ -180,11 +180,16 @@ class ModelThread:
     @staticmethod
     def _join(first: Job, then: Job) -> bool:
         """Whether ``then`` rides in ``first``'s model call: ``first`` urgent, both
-        joinable alike, neither given up by its caller."""
-        return (first.key is not None and first.key[0] == 0
+        joinable alike, neither given up by its caller. A ``fits`` that raises
+        says no: the two run apart, and the thread goes on."""
+        if not (first.key is not None and first.key[0] == 0
                 and first.join is not None and then.join is not None
-                and not first.future.cancelled() and not then.future.cancelled()
-                and first.join.joins(then.join))
+                and not first.future.cancelled() and not then.future.cancelled()):
+            return False
+        try:
+            return bool(first.join.joins(then.join))
+        except Exception:  # noqa: BLE001 - the calls run apart instead; none is lost
+            return False
 
     def _ended(self, job: Job) -> None:
         """``job`` is done (run or skipped): its continuation takes its place in the order now."""

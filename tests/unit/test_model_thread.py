@@ -166,10 +166,11 @@ async def test_only_an_urgent_call_joins_and_only_a_call_that_fits_and_computes_
     jobs = [submit_joinable(t, fn, ["r1"]), submit_joinable(t, fn, ["r2"]),  # neither urgent
             submit_joinable(t, fn, ["u1"], urgent=True, kwargs={"options": 1}),  # computes else
             submit_joinable(t, fn, ["u2"], urgent=True, fits=lambda a, b: False),  # no room
-            submit_joinable(t, other, ["u3"], urgent=True)]  # another model
+            submit_joinable(t, other, ["u3"], urgent=True),  # another model
+            submit_joinable(t, fn, ["u4"], urgent=True, fits=lambda a, b: 1 / 0)]  # broken
     gate.set()
     await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), 10)
-    assert log == ["running", ("u1",), ("u2",), ("u3",), ("r1",), ("r2",)]
+    assert log == ["running", ("u1",), ("u2",), ("u3",), ("u4",), ("r1",), ("r2",)]
     assert all(j.joined is None for j in jobs)
     t.close()
 
