@@ -220,8 +220,7 @@ class ModelThread:
             if job.future.cancelled():  # its caller stopped waiting before it started
                 self._ended(job)
                 continue
-            if job.began is not None:
-                job.began()
+            _begin(job)
             t0 = time.perf_counter()
             try:
                 value = job.call()
@@ -241,8 +240,7 @@ class ModelThread:
         lengths = [*a.lengths, *b.lengths]
         n = len(a.items)
         for job in (first, then):
-            if job.began is not None:
-                job.began()
+            _begin(job)
         t0 = time.perf_counter()
         try:
             out = a.fn([*a.items, *b.items], lengths=lengths, **a.kwargs)
@@ -259,3 +257,13 @@ class ModelThread:
             job.seconds, job.joined = seconds, (lengths, lead)
             self._ended(job)
             job.settle(part)
+
+
+def _begin(job: Job) -> None:
+    """Tell ``job``'s caller its call begins; a caller whose loop is gone is not told."""
+    if job.began is None:
+        return
+    try:
+        job.began()
+    except RuntimeError:  # the caller's loop was closed: nobody is waiting
+        pass

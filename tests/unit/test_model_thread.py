@@ -189,3 +189,15 @@ async def test_a_joined_calls_error_reaches_both_callers_and_the_thread_goes_on(
     assert log == ["running", ("a", "boom")]
     assert await submit_joinable(t, fn, ["x"], urgent=True).future == ["x:1"]
     t.close()
+
+
+async def test_a_caller_whose_loop_is_gone_is_not_told_and_the_thread_goes_on():
+    t = ModelThread()
+
+    def gone():
+        raise RuntimeError("Event loop is closed")
+
+    first = t.submit(lambda: 1, began=gone)
+    assert await asyncio.wait_for(first.future, 10) == 1
+    assert await asyncio.wait_for(t(lambda: 2), 10) == 2
+    t.close()
