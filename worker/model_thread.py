@@ -225,13 +225,9 @@ class ModelThread:
             try:
                 value = job.call()
             except BaseException as e:  # noqa: BLE001 - handed to the caller, not lost
-                job.seconds = time.perf_counter() - t0
-                self._ended(job)
-                job.settle(error=e)
+                self._done(job, time.perf_counter() - t0, error=e)
                 continue
-            job.seconds = time.perf_counter() - t0
-            self._ended(job)
-            job.settle(value)
+            self._done(job, time.perf_counter() - t0, value)
 
     def _run_joined(self, first: Job, then: Job) -> None:
         """One model call on the items of both (:class:`Joinable`), each its rows."""
@@ -248,15 +244,19 @@ class ModelThread:
         except BaseException as e:  # noqa: BLE001 - handed to both callers, not lost
             seconds = time.perf_counter() - t0
             for job in (first, then):
-                job.seconds = seconds
-                self._ended(job)
-                job.settle(error=e)
+                self._done(job, seconds, error=e)
             return
         seconds = time.perf_counter() - t0
         for job, part, lead in ((first, parts[0], True), (then, parts[1], False)):
-            job.seconds, job.joined = seconds, (lengths, lead)
-            self._ended(job)
-            job.settle(part)
+            job.joined = (lengths, lead)
+            self._done(job, seconds, part)
+
+    def _done(self, job: Job, seconds: float, value: Any = None, *,
+              error: BaseException | None = None) -> None:
+        """``job``'s call took ``seconds``: its continuation placed, its caller told."""
+        job.seconds = seconds
+        self._ended(job)
+        job.settle(value, error)
 
 
 def _begin(job: Job) -> None:
